@@ -1,0 +1,25 @@
+//! sluice: a proxy-wasm filter for Envoy that rate-limits with token buckets
+//! kept in shared data, exact across worker threads.
+//!
+//! Everything but `host` is the pure core: no proxy-wasm, time and
+//! randomness passed in, decisions returned as values. `host` is the thin
+//! adapter compiled only for `wasm32-wasip1`.
+
+pub mod bucket;
+pub mod codec;
+pub mod config;
+pub mod duration;
+pub mod keys;
+pub mod limiter;
+pub mod matcher;
+pub mod request;
+pub mod response;
+pub mod rng;
+pub mod siphash;
+pub mod store;
+
+#[cfg(test)]
+mod limiter_tests;
+
+#[cfg(target_os = "wasi")]
+mod host;

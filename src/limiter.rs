@@ -1,0 +1,406 @@
+//! The rate limiter: evaluates every matching rule against its slots in the
+//! store and commits the charges only if every enforcing rule admits the
+//! request.
+//!
+//! Protocol per request (see the README, "How it works"):
+//! 1. Read each matching rule's one or two slots (value + CAS token). A
+//!    rule's state is the *lower* TAT of its slots (count-min sketch); the
+//!    slot holding it is the rule's *decision slot*.
+//! 2. If any enforcing rule refuses, answer with a refusal and write nothing:
+//!    a refused request spends no token anywhere.
+//! 3. Otherwise commit rule by rule: first raise the other slot to at least
+//!    the new TAT (a monotone max-merge, retried on conflict without
+//!    re-deciding, since raising it cannot change the decision), then write
+//!    the decision slot with CAS. A conflict there means the state moved:
+//!    re-read and re-decide that rule. If it now refuses, earlier rules'
+//!    charges are refunded where untouched since, and the request is refused.
+//! 4. Retries are bounded; past the bound the failure policy decides.
+//!
+//! Never admitting too much rests on step 3: a rule's charge lands only by a
+//! CAS on the slot its decision was based on, which linearises the decision.
+
+use crate::bucket::Outcome;
+use crate::codec::Slot;
+use crate::config::{Config, RuleSpec};
+use crate::keys::{place, Placement};
+use crate::request::RequestView;
+use crate::siphash::SipHasher13;
+use crate::store::{Store, StoreError};
+
+/// What happened to one matching rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleResult {
+    /// Admitted and charged (or would have been, had another rule refused).
+    Allowed,
+    /// Refused the request.
+    Limited,
+    /// Would have refused, but the rule is in shadow mode.
+    ShadowLimited,
+    /// The store failed past the retry bound; the failure policy applied.
+    StoreFailure,
+}
+
+/// The per-rule details of one evaluation, for headers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleReport {
+    pub rule: usize,
+    pub result: RuleResult,
+    pub cost: u64,
+    pub remaining: u64,
+    pub full_in_ns: u64,
+    pub wait_ns: u64,
+    pub cas_retries: u32,
+    pub corrupt: bool,
+    pub collision: bool,
+}
+
+/// The decision for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Refused by `rule`; the same request could pass in `wait_ns`.
+    Deny { rule: usize, wait_ns: u64 },
+}
+
+/// A verdict and the reports of every matching rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluation {
+    pub verdict: Verdict,
+    pub reports: Vec<RuleReport>,
+}
+
+/// A rule prepared for evaluation: its spec and the shared-data key prefix
+/// of its slot table.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub spec: RuleSpec,
+    pub prefix: String,
+}
+
+/// The limiter for one configuration.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    pub rules: Vec<Rule>,
+    pub seed: (u64, u64),
+    pub max_retries: u32,
+    pub failure_mode_deny: bool,
+}
+
+/// One slot as read: its key, CAS token, and decoded (or recovered) state.
+struct Read {
+    key: String,
+    cas: Option<u32>,
+    slot: Slot,
+    corrupt: bool,
+}
+
+struct Pending {
+    rule: usize,
+    placement: Placement,
+    cost: u64,
+    reads: Vec<Read>,
+    decision: usize,
+    outcome: Outcome,
+    report: RuleReport,
+    committed: Option<(Slot, Slot)>, // (before, after) of the decision slot
+    now: u128,                       // scaled time of the decision
+}
+
+enum Commit {
+    Done,
+    Conflict,
+    Failed,
+}
+
+/// A stable identifier of a rule's definition: a changed rule gets a fresh
+/// table; an unchanged one keeps its state across reconfiguration.
+fn definition_id(spec: &RuleSpec) -> u64 {
+    let mut h = SipHasher13::new(0x736c_7569_6365, 0x7275_6c65);
+    h.write_field(format!("{:?}|{:?}|{:?}|{}", spec.bucket, spec.key, spec.on_missing_key, spec.max_keys).as_bytes());
+    h.finish()
+}
+
+impl Limiter {
+    /// Prepares a limiter; `seed` must be the same in every VM.
+    pub fn new(config: &Config, seed: (u64, u64)) -> Self {
+        let rules = config
+            .rules
+            .iter()
+            .map(|spec| Rule {
+                prefix: format!("sluice/rl/{}/{}/{:016x}/", config.domain, spec.name, definition_id(spec)),
+                spec: spec.clone(),
+            })
+            .collect();
+        Limiter { rules, seed, max_retries: config.max_cas_retries, failure_mode_deny: config.failure_mode_deny }
+    }
+
+    /// The shared-data key of a rule's slot.
+    pub fn slot_key(&self, rule: usize, slot: u32) -> String {
+        format!("{}{}", self.rules[rule].prefix, slot)
+    }
+
+    /// How many slots the rule's table really uses (1 for constant keys).
+    pub fn table_len(&self, rule: usize) -> u32 {
+        let spec = &self.rules[rule].spec;
+        if crate::keys::has_variable_parts(&spec.key) { spec.max_keys } else { 1 }
+    }
+
+    /// Creates every missing slot as a full bucket. Run at configuration in
+    /// every VM; Envoy configures the main thread's VM before any worker
+    /// serves a request, so workers only ever find slots already present.
+    /// Returns how many slots this call created.
+    pub fn create_tables(&self, store: &dyn Store) -> Result<u32, StoreError> {
+        let empty = Slot { fingerprint: 0, tat: 0 }.encode();
+        let mut created = 0;
+        for rule in 0..self.rules.len() {
+            for slot in 0..self.table_len(rule) {
+                let key = self.slot_key(rule, slot);
+                if store.get(&key)?.is_none() {
+                    store.set(&key, &empty, None)?;
+                    created += 1;
+                }
+            }
+        }
+        Ok(created)
+    }
+
+    /// The request's cost for a rule: the header value if it is a positive
+    /// decimal number (clamped to the maximum), else the default.
+    fn cost(spec: &RuleSpec, req: &dyn RequestView) -> u64 {
+        let Some(name) = &spec.cost.header else { return spec.cost.default };
+        let parsed = req.header(name).and_then(|v| {
+            let s = std::str::from_utf8(&v).ok()?.trim();
+            (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+        });
+        match parsed {
+            Some(0) | None => spec.cost.default,
+            Some(n) => n.min(spec.cost.max),
+        }
+    }
+
+    /// Evaluates the request against every rule and commits its charges.
+    pub fn evaluate(&self, store: &dyn Store, now_ns: u64, req: &dyn RequestView) -> Evaluation {
+        let mut pending = Vec::new();
+        let mut reports = Vec::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let spec = &rule.spec;
+            if !spec.matcher.matches(req) {
+                continue;
+            }
+            let Some(placement) = place(&spec.key, spec.on_missing_key, self.seed, self.table_len(i), req) else {
+                continue;
+            };
+            let cost = Self::cost(spec, req);
+            match self.read(store, i, placement, cost, now_ns) {
+                Some(p) => pending.push(p),
+                None => reports.push(self.failure_report(i, cost, 0)),
+            }
+        }
+        self.settle(store, now_ns, pending, reports)
+    }
+
+    fn failure_report(&self, rule: usize, cost: u64, cas_retries: u32) -> RuleReport {
+        RuleReport {
+            rule,
+            result: RuleResult::StoreFailure,
+            cost,
+            remaining: 0,
+            full_in_ns: 0,
+            wait_ns: 0,
+            cas_retries,
+            corrupt: false,
+            collision: false,
+        }
+    }
+
+    fn read(&self, store: &dyn Store, rule: usize, placement: Placement, cost: u64, now_ns: u64) -> Option<Pending> {
+        let spec = &self.rules[rule].spec;
+        let mut reads = Vec::with_capacity(placement.count);
+        for &slot in placement.slots() {
+            let key = self.slot_key(rule, slot);
+            let entry = store.get(&key).ok()?;
+            let (cas, decoded) = match entry {
+                Some(e) => (e.cas, Slot::decode(&e.bytes).ok()),
+                None => (None, Some(Slot { fingerprint: 0, tat: 0 })),
+            };
+            // Corrupt state is rebuilt under the failure policy: a full
+            // bucket when failing open, an empty one when failing closed.
+            let corrupt = decoded.is_none();
+            let slot = decoded.unwrap_or(Slot {
+                fingerprint: 0,
+                tat: if self.failure_mode_deny { spec.bucket.empty_tat(now_ns) } else { 0 },
+            });
+            reads.push(Read { key, cas, slot, corrupt });
+        }
+        let decision = (0..reads.len()).min_by_key(|&i| reads[i].slot.tat).unwrap_or(0);
+        let state = reads.get(decision)?.slot;
+        let outcome = spec.bucket.decide(state.tat, now_ns, cost);
+        let now = spec.bucket.scaled_now(now_ns);
+        let collision = state.fingerprint != 0 && state.fingerprint != placement.fingerprint && state.tat > now;
+        let (result, wait_ns) = match outcome {
+            Outcome::Allow { .. } => (RuleResult::Allowed, 0),
+            Outcome::Deny { wait_ns, .. } if spec.shadow => (RuleResult::ShadowLimited, wait_ns),
+            Outcome::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
+        };
+        let report = RuleReport {
+            rule,
+            result,
+            cost,
+            remaining: outcome.remaining(),
+            full_in_ns: outcome.full_in_ns(),
+            wait_ns,
+            cas_retries: 0,
+            corrupt: reads.iter().any(|r| r.corrupt),
+            collision,
+        };
+        Some(Pending { rule, placement, cost, reads, decision, outcome, report, committed: None, now })
+    }
+
+    fn settle(&self, store: &dyn Store, now_ns: u64, mut pending: Vec<Pending>, mut reports: Vec<RuleReport>) -> Evaluation {
+        let fail_closed = |reports: &[RuleReport]| {
+            self.failure_mode_deny
+                && reports.iter().any(|r| r.result == RuleResult::StoreFailure && !self.rules[r.rule].spec.shadow)
+        };
+        let mut i = 0;
+        loop {
+            if let Some(deny) = Self::refusal(&pending) {
+                return self.refuse(store, pending, reports, deny);
+            }
+            if fail_closed(&reports) {
+                let rule = reports.iter().find(|r| r.result == RuleResult::StoreFailure).map_or(0, |r| r.rule);
+                return self.refuse(store, pending, reports, Verdict::Deny { rule, wait_ns: 0 });
+            }
+            let Some(p) = pending.get_mut(i) else { break };
+            if !p.outcome.allowed() {
+                i += 1; // a shadow rule that would refuse is not charged
+                continue;
+            }
+            match self.commit(store, p) {
+                Commit::Done => i += 1,
+                Commit::Conflict if p.report.cas_retries < self.max_retries => {
+                    let retries = p.report.cas_retries + 1;
+                    match self.read(store, p.rule, p.placement, p.cost, now_ns) {
+                        Some(mut fresh) => {
+                            fresh.report.cas_retries = retries;
+                            *p = fresh;
+                        }
+                        None => {
+                            let r = self.failure_report(p.rule, p.cost, retries);
+                            reports.push(r);
+                            pending.remove(i);
+                        }
+                    }
+                }
+                Commit::Conflict | Commit::Failed => {
+                    let r = self.failure_report(p.rule, p.cost, p.report.cas_retries);
+                    reports.push(r);
+                    pending.remove(i);
+                }
+            }
+        }
+        reports.extend(pending.iter().map(|p| p.report));
+        reports.sort_by_key(|r| r.rule);
+        Evaluation { verdict: Verdict::Allow, reports }
+    }
+
+    /// The refusal with the longest wait among enforcing rules, if any.
+    fn refusal(pending: &[Pending]) -> Option<Verdict> {
+        pending
+            .iter()
+            .filter(|p| p.report.result == RuleResult::Limited)
+            .max_by_key(|p| p.report.wait_ns)
+            .map(|p| Verdict::Deny { rule: p.rule, wait_ns: p.report.wait_ns })
+    }
+
+    fn refuse(&self, store: &dyn Store, pending: Vec<Pending>, mut reports: Vec<RuleReport>, verdict: Verdict) -> Evaluation {
+        for p in &pending {
+            if let Some((before, after)) = p.committed {
+                self.refund(store, p, before, after);
+            }
+        }
+        reports.extend(pending.iter().map(|p| p.report));
+        reports.sort_by_key(|r| r.rule);
+        Evaluation { verdict, reports }
+    }
+
+    /// Undoes a committed charge of a request that ends up refused.
+    ///
+    /// A slot untouched since our charge gets its old value back. A
+    /// single-slot rule whose slot others charged since gets `cost` tokens
+    /// back minus whatever refill time passed beyond the TAT we charged
+    /// from, which never returns more than the charge really took. A
+    /// two-slot rule's slot may have been raised by other keys, so it is
+    /// only restored when untouched: the charge otherwise stays, which can
+    /// only refuse more, never admit more.
+    fn refund(&self, store: &dyn Store, p: &Pending, before: Slot, after: Slot) {
+        let spec = &self.rules[p.rule].spec;
+        let key = &p.reads[p.decision].key;
+        let charged = (p.cost as u128).saturating_mul(spec.bucket.period_ns as u128);
+        let from = after.tat.saturating_sub(charged);
+        for _ in 0..self.max_retries {
+            let Ok(Some(entry)) = store.get(key) else { return };
+            let Ok(current) = Slot::decode(&entry.bytes) else { return };
+            let restored = if current == after {
+                before
+            } else if p.placement.count == 1 {
+                let late = p.now.saturating_sub(from);
+                let amount = charged.saturating_sub(late);
+                Slot { tat: current.tat.saturating_sub(amount), ..current }
+            } else {
+                return;
+            };
+            match store.set(key, &restored.encode(), entry.cas) {
+                Err(StoreError::CasMismatch) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
+        let Outcome::Allow { new_tat, .. } = p.outcome else { return Commit::Done };
+        let fingerprint = p.placement.fingerprint;
+        for (j, read) in p.reads.iter().enumerate() {
+            if j == p.decision || (read.slot.tat >= new_tat && !read.corrupt) {
+                continue;
+            }
+            if !self.raise(store, &read.key, read.cas, fingerprint, new_tat, &mut p.report.cas_retries) {
+                return Commit::Failed;
+            }
+        }
+        let read = &p.reads[p.decision];
+        let after = Slot { fingerprint, tat: new_tat };
+        match store.set(&read.key, &after.encode(), read.cas) {
+            Ok(()) => {
+                p.committed = Some((read.slot, after));
+                Commit::Done
+            }
+            Err(StoreError::CasMismatch) => Commit::Conflict,
+            Err(StoreError::Unavailable) => Commit::Failed,
+        }
+    }
+
+    /// Raises a slot's TAT to at least `tat`, retrying conflicts.
+    fn raise(&self, store: &dyn Store, key: &str, mut cas: Option<u32>, fingerprint: u64, tat: u128, retries: &mut u32) -> bool {
+        loop {
+            match store.set(key, &Slot { fingerprint, tat }.encode(), cas) {
+                Ok(()) => return true,
+                Err(StoreError::Unavailable) => return false,
+                Err(StoreError::CasMismatch) => {}
+            }
+            *retries += 1;
+            if *retries > self.max_retries {
+                return false;
+            }
+            match store.get(key) {
+                Ok(Some(e)) => match Slot::decode(&e.bytes) {
+                    Ok(s) if s.tat >= tat => return true,
+                    _ => cas = e.cas,
+                },
+                Ok(None) => cas = None,
+                Err(_) => return false,
+            }
+        }
+    }
+}

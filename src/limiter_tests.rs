@@ -1,0 +1,254 @@
+//! Tests of the limiter's transaction over a store with Envoy's CAS
+//! semantics, including simulated writers on other workers.
+
+use crate::config::parse;
+use crate::limiter::{Limiter, RuleResult, Verdict};
+use crate::request::fake::FakeRequest;
+use crate::rng::SplitMix;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use std::cell::Cell;
+use std::rc::Rc;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const S: u64 = 1_000_000_000;
+const NOW: u64 = 1_700_000_000 * S;
+
+fn limiter(json: &str) -> Limiter {
+    let config = parse(json.as_bytes()).expect("valid config");
+    Limiter::new(&config, (1, 2))
+}
+
+fn ready(json: &str) -> (Limiter, MemoryStore) {
+    let l = limiter(json);
+    let store = MemoryStore::default();
+    l.create_tables(&store).expect("tables");
+    (l, store)
+}
+
+fn req(key: &str) -> FakeRequest {
+    FakeRequest::new("GET", "/api/x").with_header("x-key", key.as_bytes())
+}
+
+const ONE_RULE: &str = r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}],
+    "bucket":{"rate":1,"period":"1h","burst":5},"max_keys":100}]}"#;
+
+#[test]
+fn admits_exactly_burst_then_refuses_with_the_exact_wait() {
+    let (l, store) = ready(ONE_RULE);
+    let verdicts: Vec<_> = (0..7).map(|_| l.evaluate(&store, NOW, &req("a")).verdict).collect();
+    assert!(verdicts[..5].iter().all(|v| *v == Verdict::Allow));
+    assert_eq!(verdicts[5], Verdict::Deny { rule: 0, wait_ns: 3600 * S });
+    let later = l.evaluate(&store, NOW + 3600 * S, &req("a"));
+    assert_eq!(later.verdict, Verdict::Allow);
+}
+
+#[test]
+fn keys_are_isolated() {
+    let (l, store) = ready(ONE_RULE);
+    for _ in 0..5 {
+        l.evaluate(&store, NOW, &req("a"));
+    }
+    assert_ne!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    assert_eq!(l.evaluate(&store, NOW, &req("b")).verdict, Verdict::Allow);
+}
+
+#[test]
+fn tables_are_created_once_and_hold_exactly_max_keys_entries() {
+    let (l, store) = ready(ONE_RULE);
+    assert_eq!(store.map.borrow().len(), 100);
+    assert_eq!(l.create_tables(&store), Ok(0));
+    for i in 0..5000 {
+        l.evaluate(&store, NOW + i, &req(&i.to_string()));
+    }
+    assert_eq!(store.map.borrow().len(), 100);
+}
+
+const LAYERED: &str = r#"{"rate_limits":[
+    {"name":"global","bucket":{"rate":1,"period":"1h","burst":10}},
+    {"name":"tenant","key":[{"header":"x-key"}],"bucket":{"rate":1,"period":"1h","burst":2}}]}"#;
+
+#[test]
+fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
+    let (l, store) = ready(LAYERED);
+    for _ in 0..2 {
+        assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    }
+    for _ in 0..20 {
+        let e = l.evaluate(&store, NOW, &req("a"));
+        assert_eq!(e.verdict, Verdict::Deny { rule: 1, wait_ns: 3600 * S });
+    }
+    // Global has spent only the 2 admitted requests: 8 more callers pass.
+    for i in 0..8 {
+        assert_eq!(l.evaluate(&store, NOW, &req(&format!("other{i}"))).verdict, Verdict::Allow, "{i}");
+    }
+    let e = l.evaluate(&store, NOW, &req("z"));
+    assert_eq!(e.verdict, Verdict::Deny { rule: 0, wait_ns: 3600 * S });
+}
+
+#[test]
+fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_earlier_rules() {
+    let (l, store) = ready(LAYERED);
+    assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    // While our request commits, another worker spends tenant a's last token.
+    let l2 = l.clone();
+    let armed = Rc::new(Cell::new(true));
+    let flag = armed.clone();
+    *store.before_set.borrow_mut() = Some(Box::new(move |s: &MemoryStore, key: &str| {
+        if flag.get() && key.contains("/tenant/") {
+            flag.set(false);
+            *s.before_set.borrow_mut() = None;
+            assert_eq!(l2.evaluate(s, NOW, &req("a")).verdict, Verdict::Allow);
+        }
+    }));
+    let e = l.evaluate(&store, NOW, &req("a"));
+    assert_eq!(e.verdict, Verdict::Deny { rule: 1, wait_ns: 3600 * S });
+    *store.before_set.borrow_mut() = None;
+    // Global spent exactly 2 (both admitted requests), refund included: 8 left.
+    let passed = (0..20).filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == Verdict::Allow).count();
+    assert_eq!(passed, 8);
+}
+
+#[test]
+fn shadow_rules_report_but_never_refuse_and_are_not_charged_when_over() {
+    let (l, store) = ready(r#"{"rate_limits":[{"name":"s","shadow":true,"bucket":{"rate":1,"period":"1h","burst":1}}]}"#);
+    let first = l.evaluate(&store, NOW, &req("a"));
+    assert_eq!(first.reports[0].result, RuleResult::Allowed);
+    for _ in 0..3 {
+        let e = l.evaluate(&store, NOW, &req("a"));
+        assert_eq!(e.verdict, Verdict::Allow);
+        assert_eq!(e.reports[0].result, RuleResult::ShadowLimited);
+        assert_eq!(e.reports[0].wait_ns, 3600 * S);
+    }
+}
+
+#[test]
+fn property_exact_under_simulated_concurrent_workers() {
+    // Frozen time, burst B, many requests from "workers" whose writes
+    // interleave at random: exactly B are admitted, never B + 1.
+    for seed in 0..40u64 {
+        let burst = 1 + seed * 7 % 60;
+        let json = format!(
+            r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],"bucket":{{"rate":1,"period":"1h","burst":{burst}}}}},
+                {{"name":"g","bucket":{{"rate":1,"period":"1h","burst":100000}}}}]}}"#
+        );
+        let (l, store) = ready(&json);
+        let admitted = Rc::new(Cell::new(0u64));
+        let rng = Rc::new(std::cell::RefCell::new(SplitMix(seed)));
+        let (l2, a2, r2) = (l.clone(), admitted.clone(), rng.clone());
+        let depth = Rc::new(Cell::new(0));
+        let d2 = depth.clone();
+        *store.before_set.borrow_mut() = Some(Box::new(move |s: &MemoryStore, _key: &str| {
+            if d2.get() < 3 && r2.borrow_mut().below(3) == 0 {
+                d2.set(d2.get() + 1);
+                if l2.evaluate(s, NOW, &FakeRequest::new("GET", "/")).verdict == Verdict::Allow {
+                    a2.set(a2.get() + 1);
+                }
+                d2.set(d2.get() - 1);
+            }
+        }));
+        for _ in 0..burst * 3 {
+            if l.evaluate(&store, NOW, &FakeRequest::new("GET", "/")).verdict == Verdict::Allow {
+                admitted.set(admitted.get() + 1);
+            }
+        }
+        assert_eq!(admitted.get(), burst, "seed {seed}");
+    }
+}
+
+#[test]
+fn property_a_hot_key_never_exceeds_its_limit_among_many_cold_keys() {
+    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}],
+        "bucket":{"rate":10,"period":"1s","burst":20},"max_keys":50}]}"#);
+    let mut rng = SplitMix(9);
+    let mut now = NOW;
+    let mut hot_admitted = 0u64;
+    let mut hot_refused = 0u64;
+    for i in 0..20_000u64 {
+        now += rng.below(2 * S / 1000); // 1,000 requests/s on average
+        let key = if i % 10 == 0 { "hot".to_string() } else { format!("cold{i}") };
+        let allowed = l.evaluate(&store, now, &req(&key)).verdict == Verdict::Allow;
+        if key == "hot" {
+            if allowed { hot_admitted += 1 } else { hot_refused += 1 }
+            let bound = 20 + (now - NOW) as u128 * 10 / S as u128;
+            assert!(hot_admitted as u128 <= bound, "hot key escaped: {hot_admitted} > {bound}");
+        }
+    }
+    assert!(hot_refused > 0 && hot_admitted > 0);
+    assert_eq!(store.map.borrow().len(), 50);
+}
+
+#[test]
+fn corrupt_slots_are_rebuilt_by_the_failure_policy() {
+    for (deny, expect) in [(false, Verdict::Allow), (true, Verdict::Deny { rule: 0, wait_ns: 3600 * S })] {
+        let json = format!(r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#);
+        let (l, store) = ready(&json);
+        store.raw_set(&l.slot_key(0, 0), b"garbage");
+        let e = l.evaluate(&store, NOW, &req("a"));
+        assert_eq!(e.verdict, expect);
+        assert!(e.reports[0].corrupt);
+        // The slot is readable again afterwards (fail-open rewrote it).
+        if !deny {
+            assert!(!l.evaluate(&store, NOW, &req("a")).reports[0].corrupt);
+        }
+    }
+}
+
+#[test]
+fn an_unavailable_store_follows_the_failure_policy() {
+    for deny in [false, true] {
+        let json = format!(r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#);
+        let (l, store) = ready(&json);
+        store.fail_all.set(true);
+        let e = l.evaluate(&store, NOW, &req("a"));
+        assert_eq!(e.reports[0].result, RuleResult::StoreFailure);
+        assert_eq!(e.verdict == Verdict::Allow, !deny);
+    }
+}
+
+#[test]
+fn endless_conflicts_stop_after_the_retry_bound() {
+    let (l, store) = ready(r#"{"max_cas_retries":3,"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":100}}]}"#);
+    *store.before_set.borrow_mut() = Some(Box::new(|s: &MemoryStore, key: &str| {
+        let v = s.map.borrow().get(key).map(|(b, _)| b.clone()).unwrap_or_default();
+        s.raw_set(key, &v); // same bytes, new CAS token: a conflict every time
+    }));
+    let e = l.evaluate(&store, NOW, &req("a"));
+    assert_eq!(e.verdict, Verdict::Allow);
+    assert_eq!(e.reports[0].result, RuleResult::StoreFailure);
+    assert_eq!(e.reports[0].cas_retries, 3);
+    assert!(store.sets.get() <= 5);
+}
+
+#[test]
+fn cost_comes_from_the_header_clamped_and_defaults_on_bad_values() {
+    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","cost":{"header":"x-cost","max":5},
+        "bucket":{"rate":1,"period":"1h","burst":100}}]}"#);
+    let cases: [(&[u8], u64); 7] = [(b"3", 3), (b"50", 5), (b"0", 1), (b"-2", 1), (b"abc", 1), (b"\xff\xfe", 1), (b"99999999999999999999999", 1)];
+    for (value, cost) in cases {
+        let r = FakeRequest::new("GET", "/").with_header("x-cost", value);
+        assert_eq!(l.evaluate(&store, NOW, &r).reports[0].cost, cost, "{value:?}");
+    }
+}
+
+#[test]
+fn missing_slots_are_created_on_use_when_tables_were_not() {
+    let l = limiter(ONE_RULE);
+    let store = MemoryStore::default();
+    assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    assert!(!store.map.borrow().is_empty());
+}
+
+#[test]
+fn unmatched_rules_and_skipped_keys_do_not_apply() {
+    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","match":{"path_prefix":"/admin"},
+        "bucket":{"rate":1,"period":"1h","burst":1}},
+        {"name":"k","key":[{"header":"x-tenant"}],"bucket":{"rate":1,"period":"1h","burst":1}}]}"#);
+    for _ in 0..3 {
+        let e = l.evaluate(&store, NOW, &req("a"));
+        assert_eq!(e.verdict, Verdict::Allow);
+        assert!(e.reports.is_empty());
+    }
+    let _ = store.get("x");
+}

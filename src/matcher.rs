@@ -1,0 +1,98 @@
+//! Which requests a rule applies to: path (exact or prefix, query string
+//! ignored, as Envoy's route matching does), methods, and headers.
+
+use crate::request::{strip_query, RequestView};
+
+/// A header condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderMatch {
+    /// The header is present (`true`) or absent (`false`).
+    Present(String, bool),
+    /// The header's first value equals these bytes exactly.
+    Exact(String, Vec<u8>),
+}
+
+/// A validated request match. All conditions must hold; an empty match
+/// matches every request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Match {
+    pub path_prefix: Option<String>,
+    pub path: Option<String>,
+    /// Upper-case method names; empty means any method.
+    pub methods: Vec<String>,
+    pub headers: Vec<HeaderMatch>,
+}
+
+impl Match {
+    /// Whether the request satisfies every condition.
+    pub fn matches(&self, req: &dyn RequestView) -> bool {
+        if self.path_prefix.is_some() || self.path.is_some() {
+            let Some(full) = req.header(":path") else {
+                return false;
+            };
+            let path = strip_query(&full);
+            if let Some(prefix) = &self.path_prefix {
+                if !path.starts_with(prefix.as_bytes()) {
+                    return false;
+                }
+            }
+            if let Some(exact) = &self.path {
+                if path != exact.as_bytes() {
+                    return false;
+                }
+            }
+        }
+        if !self.methods.is_empty() {
+            let Some(method) = req.header(":method") else {
+                return false;
+            };
+            if !self.methods.iter().any(|m| m.as_bytes() == method.as_slice()) {
+                return false;
+            }
+        }
+        self.headers.iter().all(|h| match h {
+            HeaderMatch::Present(name, want) => req.header(name).is_some() == *want,
+            HeaderMatch::Exact(name, value) => req.header(name).as_deref() == Some(value.as_slice()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::fake::FakeRequest;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn empty_match_matches_everything() {
+        assert!(Match::default().matches(&FakeRequest::new("GET", "/")));
+    }
+
+    #[test]
+    fn path_prefix_and_exact_ignore_the_query_string() {
+        let prefix = Match { path_prefix: Some("/api".into()), ..Match::default() };
+        assert!(prefix.matches(&FakeRequest::new("GET", "/api/v1?x=1")));
+        assert!(!prefix.matches(&FakeRequest::new("GET", "/ap")));
+        let exact = Match { path: Some("/login".into()), ..Match::default() };
+        assert!(exact.matches(&FakeRequest::new("POST", "/login?next=/")));
+        assert!(!exact.matches(&FakeRequest::new("POST", "/login/x")));
+    }
+
+    #[test]
+    fn methods_and_headers_must_all_hold() {
+        let m = Match {
+            methods: vec!["POST".into()],
+            headers: vec![
+                HeaderMatch::Exact("x-env".into(), b"prod".to_vec()),
+                HeaderMatch::Present("x-debug".into(), false),
+            ],
+            ..Match::default()
+        };
+        let ok = FakeRequest::new("POST", "/").with_header("x-env", b"prod");
+        assert!(m.matches(&ok));
+        assert!(!m.matches(&FakeRequest::new("GET", "/").with_header("x-env", b"prod")));
+        assert!(!m.matches(&ok.clone().with_header("x-debug", b"1")));
+        assert!(!m.matches(&FakeRequest::new("POST", "/").with_header("x-env", b"prod\xff")));
+    }
+}

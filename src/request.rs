@@ -1,0 +1,115 @@
+//! What the core may ask of a request. The host adapter implements it over
+//! proxy-wasm calls; tests implement it over a map. Values are raw bytes:
+//! header values need not be UTF-8.
+
+/// A request attribute that is not a header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attribute {
+    /// The client address without its port (`source.address`).
+    ClientAddress,
+    /// The name of the route Envoy selected (`xds.route_name`).
+    RouteName,
+    /// The upstream cluster Envoy selected (`xds.cluster_name`).
+    ClusterName,
+}
+
+/// Read access to the current request.
+pub trait RequestView {
+    /// The first value of a request header (lower-case name, pseudo-headers
+    /// such as `:path` included), or `None` when absent.
+    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    /// A request attribute, or `None` when the host does not know it.
+    fn attribute(&self, attr: Attribute) -> Option<Vec<u8>>;
+}
+
+/// The path without its query string or fragment.
+pub fn strip_query(path: &[u8]) -> &[u8] {
+    let end = path
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(path.len());
+    &path[..end]
+}
+
+/// An address such as `10.0.0.1:5678` or `[::1]:5678` without its port.
+pub fn strip_port(address: &[u8]) -> &[u8] {
+    if let Some(rest) = address.strip_prefix(b"[") {
+        if let Some(end) = rest.iter().position(|&b| b == b']') {
+            return &rest[..end];
+        }
+        return address;
+    }
+    let colons = address.iter().filter(|&&b| b == b':').count();
+    if colons == 1 {
+        if let Some(i) = address.iter().rposition(|&b| b == b':') {
+            return &address[..i];
+        }
+    }
+    address
+}
+
+#[cfg(test)]
+pub(crate) mod fake {
+    //! A request made of a header map and attribute map, for tests.
+    use super::*;
+    use std::collections::HashMap;
+
+    #[derive(Default, Clone)]
+    pub struct FakeRequest {
+        pub headers: HashMap<String, Vec<u8>>,
+        pub attributes: HashMap<&'static str, Vec<u8>>,
+    }
+
+    impl FakeRequest {
+        pub fn new(method: &str, path: &str) -> Self {
+            let mut r = Self::default();
+            r.headers.insert(":method".into(), method.as_bytes().to_vec());
+            r.headers.insert(":path".into(), path.as_bytes().to_vec());
+            r.headers.insert(":authority".into(), b"example.com".to_vec());
+            r.attributes.insert("source", b"10.1.2.3:4567".to_vec());
+            r
+        }
+        pub fn with_header(mut self, name: &str, value: &[u8]) -> Self {
+            self.headers.insert(name.to_string(), value.to_vec());
+            self
+        }
+    }
+
+    impl RequestView for FakeRequest {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.headers.get(name).cloned()
+        }
+        fn attribute(&self, attr: Attribute) -> Option<Vec<u8>> {
+            let k = match attr {
+                Attribute::ClientAddress => "source",
+                Attribute::RouteName => "route",
+                Attribute::ClusterName => "cluster",
+            };
+            self.attributes.get(k).cloned()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn strips_query_and_fragment() {
+        assert_eq!(strip_query(b"/a/b?x=1"), b"/a/b");
+        assert_eq!(strip_query(b"/a#f"), b"/a");
+        assert_eq!(strip_query(b"/a"), b"/a");
+        assert_eq!(strip_query(b""), b"");
+    }
+
+    #[test]
+    fn strips_ports_from_v4_and_v6_addresses() {
+        assert_eq!(strip_port(b"10.0.0.1:5678"), b"10.0.0.1");
+        assert_eq!(strip_port(b"[::1]:5678"), b"::1");
+        assert_eq!(strip_port(b"::1"), b"::1");
+        assert_eq!(strip_port(b"10.0.0.1"), b"10.0.0.1");
+        assert_eq!(strip_port(b"[broken"), b"[broken");
+    }
+}
