@@ -1,0 +1,111 @@
+//! The root context: parses the configuration, agrees on the hash seed with
+//! the other VMs, creates the slot tables, and hands each HTTP stream the
+//! shared per-VM state.
+
+use super::http::Stream;
+use super::metrics::Metrics;
+use super::store::SharedData;
+use crate::config::{self, Config};
+use crate::limiter::Limiter;
+use crate::response::PolicyInfo;
+use crate::rng::SplitMix;
+use crate::store::Store;
+use log::{error, info, warn};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Everything a stream needs, derived once per configuration.
+pub struct Plugin {
+    pub config: Config,
+    pub limiter: Limiter,
+    pub policies: Vec<PolicyInfo>,
+    pub metrics: Metrics,
+    pub rng: RefCell<SplitMix>,
+}
+
+#[derive(Default)]
+pub struct Root {
+    plugin: Option<Rc<Plugin>>,
+}
+
+impl Context for Root {}
+
+/// The table-hash seed: created once per Envoy (per vm_id and domain) and
+/// read by every VM, so all workers place a key in the same slots.
+fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
+    let key = format!("sluice/seed/{domain}");
+    let decode = |b: &[u8]| -> Option<(u64, u64)> {
+        let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
+        let c: [u8; 8] = b.get(8..16)?.try_into().ok()?;
+        (b.len() == 16).then(|| (u64::from_le_bytes(a), u64::from_le_bytes(c)))
+    };
+    if let Ok(Some(entry)) = store.get(&key) {
+        if let Some(seed) = decode(&entry.bytes) {
+            return Some(seed);
+        }
+        warn!("sluice: shared seed {key} is corrupt; replacing it");
+    }
+    let mut fresh = [0u8; 16];
+    getrandom::fill(&mut fresh).ok()?;
+    store.set(&key, &fresh, None).ok()?;
+    // Read back: if another VM raced us, everyone ends up on the stored one.
+    decode(&store.get(&key).ok()??.bytes)
+}
+
+fn random_u64() -> u64 {
+    getrandom::u64().unwrap_or(0x5eed_5eed_5eed_5eed)
+}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        super::sync_log_level();
+        let bytes = proxy_wasm::hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, usize::MAX)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let config = match config::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                error!("sluice: {e}");
+                return false;
+            }
+        };
+        let store = SharedData;
+        let Some(seed) = shared_seed(&store, &config.domain) else {
+            error!("sluice: could not create the shared hash seed in shared data");
+            return false;
+        };
+        let limiter = Limiter::new(&config, seed);
+        match limiter.create_tables(&store) {
+            Ok(created) if created > 0 => info!("sluice: created {created} shared-data slots"),
+            Ok(_) => {}
+            Err(e) => {
+                error!("sluice: could not create slot tables in shared data: {e:?}");
+                return false;
+            }
+        }
+        let tables: Vec<(&str, u32)> =
+            config.rules.iter().enumerate().map(|(i, r)| (r.name.as_str(), limiter.table_len(i))).collect();
+        let metrics = Metrics::define(&tables);
+        let policies = config.rules.iter().map(|r| PolicyInfo::of(&r.name, &r.bucket)).collect();
+        info!("sluice: configured {} rate-limit rule(s)", config.rules.len());
+        self.plugin = Some(Rc::new(Plugin {
+            config,
+            limiter,
+            policies,
+            metrics,
+            rng: RefCell::new(SplitMix(random_u64())),
+        }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Stream::new(self.plugin.clone())))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,228 @@
+"""Start real Envoys for end-to-end tests: a direct-response upstream and a
+front Envoy running the built sluice.wasm with a given plugin configuration.
+
+Every Envoy gets free ports and its own --base-id, runs as a child of the
+test process, and is stopped when the `with` block ends.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
+ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
+STATS_TAG_REGEX = r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"
+
+_base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))
+_lock = threading.Lock()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def next_base_id():
+    with _lock:
+        return next(_base_ids)
+
+
+def hcm(stat_prefix, routes, http_filters, extra=None):
+    cfg = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": stat_prefix,
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}]},
+        "http_filters": http_filters
+        + [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+            }
+        ],
+    }
+    cfg.update(extra or {})
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": cfg}
+
+
+def listener(name, port, filters):
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [filters]}],
+    }
+
+
+def upstream_bootstrap(port, admin_port):
+    fault = {
+        "name": "envoy.filters.http.fault",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": {"header_abort": {}, "percentage": {"numerator": 100}},
+            "delay": {"header_delay": {}, "percentage": {"numerator": 100}},
+        },
+    }
+    routes = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "ok\n"}}}]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": [listener("upstream", port, hcm("upstream", routes, [fault]))]},
+    }
+
+
+def wasm_filter(plugin_config, wasm=WASM, vm_id="sluice"):
+    return {
+        "name": "sluice",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "sluice",
+                "root_id": "sluice",
+                "vm_config": {
+                    "vm_id": vm_id,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": str(wasm)}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config),
+                },
+            },
+        },
+    }
+
+
+def front_bootstrap(port, admin_port, upstream_port, http_filters):
+    routes = [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}}]
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "stats_config": {"stats_tags": [{"tag_name": "rule", "regex": STATS_TAG_REGEX}]},
+        "static_resources": {
+            "listeners": [listener("front", port, hcm("front", routes, http_filters))],
+            "clusters": [
+                {
+                    "name": "upstream",
+                    "connect_timeout": "1s",
+                    "type": "STATIC",
+                    "load_assignment": {
+                        "cluster_name": "upstream",
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}}}}
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ],
+        },
+    }
+
+
+class Envoy:
+    """A running Envoy; use as a context manager."""
+
+    def __init__(self, bootstrap, concurrency=2, log_level="warn"):
+        self.bootstrap = bootstrap
+        self.concurrency = concurrency
+        self.log_level = log_level
+        self.admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+        self.proc = None
+        self.dir = tempfile.TemporaryDirectory(prefix="sluice-envoy-")
+        self.log_path = Path(self.dir.name) / "envoy.log"
+
+    def __enter__(self):
+        cfg = Path(self.dir.name) / "envoy.json"
+        cfg.write_text(json.dumps(self.bootstrap))
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [ENVOY, "-c", str(cfg), "--concurrency", str(self.concurrency), "--base-id", str(next_base_id()),
+             "-l", self.log_level, "--disable-hot-restart"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited {self.proc.returncode}:\n{self.logs()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError("envoy did not become ready")
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.dir.cleanup()
+
+    def logs(self):
+        return self.log_path.read_text(errors="replace")
+
+    def admin(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
+            return r.read().decode()
+
+    def stats(self):
+        out = {}
+        for line in self.admin("/stats").splitlines():
+            name, _, value = line.partition(": ")
+            if value.strip().lstrip("-").isdigit():
+                out[name] = int(value)
+        return out
+
+    def stat(self, name, default=0):
+        return self.stats().get(name, default)
+
+
+class Stack:
+    """An upstream Envoy and a front Envoy with sluice, started together."""
+
+    def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn"):
+        self.port = free_port()
+        self.upstream_port = free_port()
+        self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
+        filters = [wasm_filter(plugin_config)] + (extra_filters or [])
+        self.front = Envoy(front_bootstrap(self.port, free_port(), self.upstream_port, filters), concurrency, log_level)
+
+    def __enter__(self):
+        self.upstream.__enter__()
+        try:
+            self.front.__enter__()
+        except Exception:
+            self.upstream.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.front.__exit__()
+        self.upstream.__exit__()
+
+
+def validate(plugin_config):
+    """Runs `envoy --mode validate` on a front config; returns (ok, output)."""
+    boot = front_bootstrap(free_port(), free_port(), free_port(), [wasm_filter(plugin_config)])
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "envoy.json"
+        cfg.write_text(json.dumps(boot))
+        p = subprocess.run(
+            [ENVOY, "--mode", "validate", "-c", str(cfg), "--base-id", str(next_base_id()), "-l", "info"],
+            capture_output=True, text=True, timeout=60,
+        )
+    return p.returncode == 0, p.stdout + p.stderr

@@ -1,0 +1,186 @@
+"""End to end: the built sluice.wasm in a real Envoy with several workers,
+in front of a real upstream Envoy."""
+
+import json
+import math
+import time
+
+import http1
+from harness import Stack
+
+HOUR = {"rate": 1, "period": "1h"}
+
+
+def rule(name, burst, key=None, **extra):
+    r = {"name": name, "bucket": dict(HOUR, burst=burst)}
+    if key is not None:
+        r["key"] = key
+    r.update(extra)
+    return r
+
+
+def statuses(responses):
+    return [r.status for r in responses]
+
+
+def test_429_after_the_burst_with_body_and_headers():
+    cfg = {"rate_limits": [rule("per-key", 3, [{"header": "x-key"}])],
+           "response": {"headers_on_allowed": True, "retry_after_jitter": "0s"}}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        got = [c.request("/", {"x-key": "a"}) for _ in range(5)]
+        assert statuses(got) == [200, 200, 200, 429, 429]
+        assert [r.header("x-ratelimit-remaining") for r in got[:3]] == ["2", "1", "0"]
+        assert got[0].header("x-ratelimit-limit") == "3"
+        assert got[0].header("ratelimit-policy") == '"per-key";q=3;w=10800'
+        assert got[1].header("ratelimit") == '"per-key";r=1;t=7200'
+        refused = got[3]
+        body = json.loads(refused.body)
+        assert body["rule"] == "per-key" and body["error"] == "rate_limited"
+        # The next token comes in one hour: the wait is exact, Retry-After is
+        # not earlier than it, and the headers agree with Retry-After.
+        assert 3_599_000 <= body["retry_after_ms"] <= 3_600_000
+        assert refused.header("retry-after") == "3600"
+        assert refused.header("x-ratelimit-remaining") == "0"
+        assert refused.header("x-ratelimit-reset") == "3600"
+        assert refused.header("ratelimit") == '"per-key";r=0;t=3600'
+        assert refused.header("content-type") == "application/json"
+        assert s.front.stat("wasmcustom.sluice_rl_allowed.rule.per-key") == 3
+        assert s.front.stat("wasmcustom.sluice_rl_limited.rule.per-key") == 2
+        prom = s.front.admin("/stats/prometheus")
+        assert 'sluice_rl_limited{rule="per-key"} 2' in prom
+
+
+def test_tokens_refill_over_time():
+    cfg = {"rate_limits": [{"name": "fast", "bucket": {"rate": 5, "period": "1s", "burst": 2}}]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request() for _ in range(3)]) == [200, 200, 429]
+        time.sleep(0.25)  # one token every 200 ms
+        assert statuses([c.request() for _ in range(2)]) == [200, 429]
+        time.sleep(0.45)
+        assert statuses([c.request() for _ in range(3)]) == [200, 200, 429]
+
+
+def test_each_key_has_its_own_bucket():
+    cfg = {"rate_limits": [rule("tenant", 2, [{"header": "x-tenant"}])]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request("/", {"x-tenant": "a"}) for _ in range(3)]) == [200, 200, 429]
+        assert statuses([c.request("/", {"x-tenant": "b"}) for _ in range(3)]) == [200, 200, 429]
+        # Without the key part the rule does not apply (on_missing_key: skip).
+        assert statuses([c.request("/") for _ in range(5)]) == [200] * 5
+
+
+def test_missing_key_parts_can_share_one_bucket():
+    cfg = {"rate_limits": [rule("tenant", 2, [{"header": "x-tenant"}], on_missing_key="shared")]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request("/") for _ in range(3)]) == [200, 200, 429]
+        assert c.request("/", {"x-tenant": ""}).status == 200
+
+
+def test_layered_rules_spend_no_token_on_rejection():
+    cfg = {"rate_limits": [rule("global", 5), rule("tenant", 2, [{"header": "x-tenant"}])]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request("/", {"x-tenant": "a"}) for _ in range(6)]) == [200, 200] + [429] * 4
+        # Only 2 of global's 5 tokens were spent: 3 more tenants pass, then global refuses.
+        got = [c.request("/", {"x-tenant": f"t{i}"}) for i in range(4)]
+        assert statuses(got) == [200, 200, 200, 429]
+        assert json.loads(got[3].body)["rule"] == "global"
+
+
+def test_match_limits_only_matching_requests():
+    cfg = {"rate_limits": [rule("login", 1, match={"path": "/login", "methods": ["POST"]})]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert c.request("/login?x=1", method="POST").status == 200
+        assert c.request("/login", method="POST").status == 429
+        assert c.request("/login").status == 200
+        assert c.request("/other", method="POST").status == 200
+
+
+def test_shadow_mode_counts_but_never_rejects():
+    cfg = {"rate_limits": [rule("trial", 2, shadow=True)]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request() for _ in range(6)]) == [200] * 6
+        assert s.front.stat("wasmcustom.sluice_rl_shadow_limited.rule.trial") == 4
+        assert s.front.stat("wasmcustom.sluice_rl_allowed.rule.trial") == 2
+
+
+def test_request_cost_from_a_header():
+    cfg = {"rate_limits": [rule("cost", 10, cost={"header": "x-cost", "max": 6})]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert c.request("/", {"x-cost": "6"}).header("x-ratelimit-remaining") is None
+        r = c.request("/", {"x-cost": "999"})  # clamped to 6: only 4 left
+        assert r.status == 429
+        assert c.request("/", {"x-cost": "garbage"}).status == 200  # default cost 1
+        assert c.request("/", {"x-cost": "3"}).status == 200
+        assert c.request("/").status == 429
+
+
+def test_retry_after_is_spread_by_jitter_and_never_early():
+    cfg = {"rate_limits": [{"name": "r", "bucket": {"rate": 1, "period": "10s", "burst": 1}}],
+           "response": {"retry_after_jitter": "5s"}}
+    with Stack(cfg, concurrency=2) as s:
+        assert http1.get(s.port).status == 200
+        batches = [[http1.build()] * 10 for _ in range(10)]
+        got = [r for batch in http1.burst(s.port, batches) for r in batch]
+        assert statuses(got) == [429] * 100
+        values = []
+        for r in got:
+            wait_s = json.loads(r.body)["retry_after_ms"] / 1000
+            ra = int(r.header("retry-after"))
+            assert ra >= math.ceil(wait_s) and ra >= 1
+            assert ra <= math.ceil(wait_s + 5)
+            values.append(ra)
+        # 100 clients refused at the same instant are not told the same second.
+        assert len(set(values)) >= 4, values
+
+
+def test_grpc_requests_get_resource_exhausted():
+    cfg = {"rate_limits": [rule("grpc", 1)]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        h = {"content-type": "application/grpc", "te": "trailers"}
+        assert c.request("/pkg.Svc/Method", h, method="POST").status == 200
+        r = c.request("/pkg.Svc/Method", h, method="POST")
+        assert r.status == 200
+        assert r.header("grpc-status") == "8"
+        assert "rate limited" in r.header("grpc-message")
+        assert r.header("content-type") == "application/grpc"
+
+
+def test_hostile_headers_never_break_the_filter():
+    cfg = {"rate_limits": [rule("k", 2, [{"header": "x-key"}, "client_address", "path", "authority"],
+                                cost={"header": "x-cost"})]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        raw = [
+            b"GET / HTTP/1.1\r\nHost: t\r\nx-key: \xff\xfe\x80\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: t\r\nx-key: a\r\nx-key: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: t\r\nx-key: " + b"z" * 50_000 + b"\r\nx-cost: 1e9\r\n\r\n",
+            b"GET /%00%ff?q=%ff HTTP/1.1\r\nHost: t\r\nx-cost: -1\r\n\r\n",
+        ]
+        for req in raw:
+            assert c.send_all([req])[0].status in (200, 429), req[:60]
+        # The VMs are alive and still limiting: the same odd key runs out.
+        odd = b"GET / HTTP/1.1\r\nHost: t\r\nx-key: \xff\xfe\x80\r\n\r\n"
+        assert statuses([c.send_all([odd])[0] for _ in range(3)]) == [200, 429, 429]
+        assert "panicked" not in s.front.logs()
+        assert s.front.stat("wasm.envoy.wasm.runtime.v8.vm_reload", 0) == 0
+
+
+def test_exact_across_four_workers():
+    """burst 200, 1,000 requests at once over 20 connections: exactly 200 pass."""
+    cfg = {"rate_limits": [rule("exact", 200, ["client_address"])]}
+    with Stack(cfg, concurrency=4) as s:
+        batches = [[http1.build()] * 50 for _ in range(20)]
+        got = [r.status for batch in http1.burst(s.port, batches) for r in batch]
+        assert got.count(200) == 200, (got.count(200), got.count(429))
+        assert got.count(429) == 800
+        assert s.front.stat("wasmcustom.sluice_rl_allowed.rule.exact") == 200
+        assert s.front.stat("wasmcustom.sluice_rl_store_failures.rule.exact") == 0
