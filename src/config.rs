@@ -223,13 +223,18 @@ pub struct Config {
 /// Parses and validates the plugin configuration. An empty input means "no
 /// rules": the filter then passes every request untouched.
 pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
-    let raw: raw::Config = if bytes.iter().all(u8::is_ascii_whitespace) {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let raw: raw::Config = if first.is_none() {
         raw::Config::default()
+    } else if first != Some(&b'{') {
+        return Err(err("", "the configuration must be a JSON object"));
     } else {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         serde_path_to_error::deserialize(de).map_err(|e| {
+            // serde_path_to_error writes `?` for a position it could not name.
             let path = e.path().to_string();
-            let field = if path == "." { String::new() } else { path };
+            let path = path.trim_end_matches('?').trim_end_matches('.');
+            let field = if path == "." { String::new() } else { path.to_string() };
             err(field, e.into_inner().to_string())
         })?
     };

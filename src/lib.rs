@@ -20,6 +20,8 @@ pub mod store;
 
 #[cfg(test)]
 mod limiter_tests;
+#[cfg(test)]
+mod config_tests;
 
 #[cfg(target_os = "wasi")]
 mod host;

@@ -1,0 +1,80 @@
+//! Configuration validation: good configurations parse to the documented
+//! defaults, and each bad one is refused with its field and problem.
+
+use crate::config::{parse, HeaderStyle, MissingKey};
+use crate::keys::KeyPart;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+#[test]
+fn empty_configuration_means_no_rules() {
+    for empty in ["", "  \n", "{}"] {
+        let c = parse(empty.as_bytes()).expect("empty is fine");
+        assert!(c.rules.is_empty());
+        assert_eq!(c.response.status, 429);
+        assert_eq!(c.domain, "default");
+    }
+}
+
+#[test]
+fn a_full_rule_parses_with_its_defaults() {
+    let c = parse(
+        br#"{"rate_limits":[{"name":"per-tenant","key":[{"header":"X-Tenant"},"client_address","path","method",
+            "authority","route","cluster",{"constant":"v1"}],"bucket":{"rate":100,"period":"1m"}}]}"#,
+    )
+    .expect("valid");
+    let r = &c.rules[0];
+    assert_eq!(r.bucket.burst, 100, "burst defaults to rate");
+    assert_eq!(r.bucket.period_ns, 60_000_000_000);
+    assert_eq!(r.key[0], KeyPart::Header("x-tenant".into()));
+    assert_eq!(r.key.len(), 8);
+    assert_eq!(r.on_missing_key, MissingKey::Skip);
+    assert_eq!(r.max_keys, 10_000);
+    assert_eq!((r.cost.default, r.cost.max), (1, 1));
+    assert!(!r.shadow);
+    assert_eq!(c.response.ratelimit_headers, HeaderStyle::Both);
+    assert_eq!(c.response.retry_after_jitter_ns, 1_000_000_000);
+    assert!(!c.failure_mode_deny);
+}
+
+#[test]
+fn bad_configurations_name_the_field_and_the_problem() {
+    let b = r#""bucket":{"rate":1,"period":"1s"}"#;
+    let cases: Vec<(String, &str, &str)> = vec![
+        ("{".into(), "", "EOF"),
+        ("[]".into(), "", "must be a JSON object"),
+        ("{\"rate_limits\":[{]}".into(), "rate_limits[0]", "key must be a string"),
+        (r#"{"rate_limit":[]}"#.into(), "rate_limit", "unknown field `rate_limit`"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"burts":3}}]}}"#), "rate_limits[0].burts", "unknown field `burts`"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s","brst":1}}]}"#.into(), "rate_limits[0].bucket.brst", "unknown field `brst`"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":0,"period":"1s"}}]}"#.into(), "rate_limits[0].bucket.rate", "greater than 0"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":-5,"period":"1s"}}]}"#.into(), "rate_limits[0].bucket.rate", "greater than 0, got -5"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s","burst":0}}]}"#.into(), "rate_limits[0].bucket.burst", "greater than 0"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"soon"}}]}"#.into(), "rate_limits[0].bucket.period", "`soon`"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1d"}}]}"#.into(), "rate_limits[0].bucket.period", "unknown unit `d`"),
+        (r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"0s"}}]}"#.into(), "rate_limits[0].bucket.period", "longer than 0"),
+        (format!(r#"{{"rate_limits":[{{"name":"",{b}}}]}}"#), "rate_limits[0].name", "must not be empty"),
+        (format!(r#"{{"rate_limits":[{{"name":"a b",{b}}}]}}"#), "rate_limits[0].name", "may only contain"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b}}},{{"name":"a",{b}}}]}}"#), "rate_limits[1].name", "duplicate rule name `a`"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"max_keys":0}}]}}"#), "rate_limits[0].max_keys", "greater than 0"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"max_keys":2000000}}]}}"#), "rate_limits[0].max_keys", "at most 1000000"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"key":["ip"]}}]}}"#), "rate_limits[0].key[0]", "unknown variant `ip`"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"key":[{{"header":"bad header"}}]}}]}}"#), "rate_limits[0].key[0]", "not a valid header name"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"cost":{{"max":5}}}}]}}"#), "rate_limits[0].cost.max", "larger than the burst"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"on_missing_key":"deny"}}]}}"#), "rate_limits[0].on_missing_key", "unknown variant `deny`"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"match":{{"path":"x"}}}}]}}"#), "rate_limits[0].match.path", "must start with `/`"),
+        (format!(r#"{{"rate_limits":[{{"name":"a",{b},"match":{{"methods":["GE T"]}}}}]}}"#), "rate_limits[0].match.methods[0]", "not an HTTP method"),
+        (r#"{"rate_limits":[{"name":"a"}]}"#.into(), "rate_limits[0]", "missing field `bucket`"),
+        (r#"{"response":{"status":200}}"#.into(), "response.status", "between 400 and 599"),
+        (r#"{"response":{"retry_after_jitter":"2h"}}"#.into(), "response.retry_after_jitter", "at most 1h"),
+        (r#"{"response":{"ratelimit_headers":"all"}}"#.into(), "response.ratelimit_headers", "unknown variant `all`"),
+        (r#"{"max_cas_retries":0}"#.into(), "max_cas_retries", "between 1 and 1000"),
+        (r#"{"domain":"a/b"}"#.into(), "domain", "may only contain"),
+    ];
+    for (json, field, problem) in cases {
+        let e = parse(json.as_bytes()).expect_err(&json);
+        assert_eq!(e.field, field, "{json}: {e}");
+        assert!(e.to_string().contains(problem), "{json}: {e}");
+        assert!(e.to_string().starts_with("invalid configuration"), "{e}");
+    }
+}

@@ -1,0 +1,43 @@
+"""Bad configurations are refused by a real Envoy with a log line naming
+the field and the problem; good ones, and every shipped Envoy config, load."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import ENVOY, ROOT, next_base_id, validate
+
+BUCKET = '"bucket":{"rate":1,"period":"1s"}'
+
+BAD = [
+    ('{"rate_limits":[{"name":"a",' + BUCKET + ',"burts":3}]}', "rate_limits[0].burts: unknown field `burts`"),
+    ('{"rate_limits":[{"name":"a","bucket":{"rate":0,"period":"1s"}}]}', "rate_limits[0].bucket.rate: must be greater than 0"),
+    ('{"rate_limits":[{"name":"a","bucket":{"rate":-3,"period":"1s"}}]}', "rate_limits[0].bucket.rate: must be greater than 0, got -3"),
+    ('{"rate_limits":[{"name":"","bucket":{"rate":1,"period":"1s"}}]}', "rate_limits[0].name: must not be empty"),
+    ('{"rate_limits":[{"name":"a",' + BUCKET + '},{"name":"a",' + BUCKET + '}]}', "rate_limits[1].name: duplicate rule name `a`"),
+    ('{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"fortnight"}}]}', "rate_limits[0].bucket.period: `fortnight`"),
+    ('{"rate_limits":[{"name":"a",' + BUCKET + ',"max_keys":0}]}', "rate_limits[0].max_keys: must be greater than 0"),
+    ("not json", "invalid configuration: the configuration must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize("config,message", BAD)
+def test_bad_configuration_is_refused_with_field_and_problem(config, message):
+    ok, out = validate(config)
+    assert not ok, out[-2000:]
+    assert message in out, out[-3000:]
+    assert "panicked" not in out
+
+
+def test_good_configuration_is_accepted():
+    ok, out = validate({"rate_limits": [{"name": "a", "key": ["client_address"], "bucket": {"rate": 5, "period": "1s"}}]})
+    assert ok, out[-3000:]
+    assert "configured 1 rate-limit rule(s)" in out
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for p in (ROOT / "envoy").glob("*.yaml")))
+def test_shipped_envoy_configs_validate(path):
+    p = subprocess.run([ENVOY, "--mode", "validate", "-c", str(path), "--base-id", str(next_base_id())],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
