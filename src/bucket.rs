@@ -117,7 +117,11 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn spec(rate: u64, period_ns: u64, burst: u64) -> BucketSpec {
-        BucketSpec { rate, period_ns, burst }
+        BucketSpec {
+            rate,
+            period_ns,
+            burst,
+        }
     }
 
     #[test]
@@ -127,7 +131,9 @@ mod tests {
         let mut tat = 0;
         for i in 0..5 {
             match b.decide(tat, now, 1) {
-                Outcome::Allow { new_tat, remaining, .. } => {
+                Outcome::Allow {
+                    new_tat, remaining, ..
+                } => {
                     assert_eq!(remaining, 4 - i);
                     tat = new_tat;
                 }
@@ -135,7 +141,11 @@ mod tests {
             }
         }
         match b.decide(tat, now, 1) {
-            Outcome::Deny { wait_ns, remaining, full_in_ns } => {
+            Outcome::Deny {
+                wait_ns,
+                remaining,
+                full_in_ns,
+            } => {
                 assert_eq!(wait_ns, S / 10);
                 assert_eq!(remaining, 0);
                 assert_eq!(full_in_ns, S / 2);
@@ -149,8 +159,12 @@ mod tests {
         // 3 per second: a token every 333,333,333.33 ns.
         let b = spec(3, S, 3);
         let now = 5 * S;
-        let Outcome::Allow { new_tat, .. } = b.decide(0, now, 3) else { panic!() };
-        let Outcome::Deny { wait_ns, .. } = b.decide(new_tat, now, 1) else { panic!() };
+        let Outcome::Allow { new_tat, .. } = b.decide(0, now, 3) else {
+            panic!()
+        };
+        let Outcome::Deny { wait_ns, .. } = b.decide(new_tat, now, 1) else {
+            panic!()
+        };
         assert_eq!(wait_ns, 333_333_334);
         assert!(!b.decide(new_tat, now + wait_ns - 1, 1).allowed());
         assert!(b.decide(new_tat, now + wait_ns, 1).allowed());
@@ -162,7 +176,9 @@ mod tests {
     #[test]
     fn time_going_backwards_never_grants_tokens() {
         let b = spec(1, S, 2);
-        let Outcome::Allow { new_tat, .. } = b.decide(0, 100 * S, 2) else { panic!() };
+        let Outcome::Allow { new_tat, .. } = b.decide(0, 100 * S, 2) else {
+            panic!()
+        };
         assert!(!b.decide(new_tat, 50 * S, 1).allowed());
     }
 
@@ -192,7 +208,10 @@ mod tests {
                 let elapsed = (now - start) as u128;
                 // admitted <= burst + rate * elapsed / period, in integers.
                 let bound = burst as u128 * period_ns as u128 + rate as u128 * elapsed;
-                assert!(admitted * period_ns as u128 <= bound, "{b:?} admitted {admitted}");
+                assert!(
+                    admitted * period_ns as u128 <= bound,
+                    "{b:?} admitted {admitted}"
+                );
             }
         }
     }
@@ -211,8 +230,14 @@ mod tests {
             let cost = 1 + rng.below(burst);
             if let Outcome::Deny { wait_ns, .. } = b.decide(tat, now, cost) {
                 assert!(wait_ns >= 1);
-                assert!(b.decide(tat, now + wait_ns, cost).allowed(), "{b:?} cost {cost}");
-                assert!(!b.decide(tat, now + wait_ns - 1, cost).allowed(), "{b:?} cost {cost}");
+                assert!(
+                    b.decide(tat, now + wait_ns, cost).allowed(),
+                    "{b:?} cost {cost}"
+                );
+                assert!(
+                    !b.decide(tat, now + wait_ns - 1, cost).allowed(),
+                    "{b:?} cost {cost}"
+                );
             }
         }
     }

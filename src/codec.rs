@@ -24,37 +24,47 @@ pub const SLOT_LEN: usize = 29;
 fn check(body: &[u8]) -> u32 {
     // FNV-1a: detects truncation and stray writes, not an adversary (an
     // adversary able to write shared data owns the proxy anyway).
-    body.iter()
-        .fold(0x811c_9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193))
+    body.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    })
 }
 
 impl Slot {
     /// The encoded bytes.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
+        let mut body = [0u8; 25];
+        let fields = std::iter::once(VERSION)
+            .chain(self.fingerprint.to_le_bytes())
+            .chain(self.tat.to_le_bytes());
+        for (dst, src) in body.iter_mut().zip(fields) {
+            *dst = src;
+        }
         let mut out = [0u8; SLOT_LEN];
-        out[0] = VERSION;
-        out[1..9].copy_from_slice(&self.fingerprint.to_le_bytes());
-        out[9..25].copy_from_slice(&self.tat.to_le_bytes());
-        let c = check(&out[..25]);
-        out[25..].copy_from_slice(&c.to_le_bytes());
+        for (dst, src) in out
+            .iter_mut()
+            .zip(body.into_iter().chain(check(&body).to_le_bytes()))
+        {
+            *dst = src;
+        }
         out
     }
 
     /// Decodes bytes written by `encode`.
     pub fn decode(bytes: &[u8]) -> Result<Slot, Corrupt> {
-        if bytes.len() != SLOT_LEN || bytes[0] != VERSION {
+        let field = |range: std::ops::Range<usize>| bytes.get(range).ok_or(Corrupt);
+        if bytes.len() != SLOT_LEN || bytes.first() != Some(&VERSION) {
             return Err(Corrupt);
         }
-        let mut c = [0u8; 4];
-        c.copy_from_slice(&bytes[25..]);
-        if u32::from_le_bytes(c) != check(&bytes[..25]) {
+        let c: [u8; 4] = field(25..29)?.try_into().map_err(|_| Corrupt)?;
+        if u32::from_le_bytes(c) != check(field(0..25)?) {
             return Err(Corrupt);
         }
-        let mut fp = [0u8; 8];
-        fp.copy_from_slice(&bytes[1..9]);
-        let mut tat = [0u8; 16];
-        tat.copy_from_slice(&bytes[9..25]);
-        Ok(Slot { fingerprint: u64::from_le_bytes(fp), tat: u128::from_le_bytes(tat) })
+        let fp: [u8; 8] = field(1..9)?.try_into().map_err(|_| Corrupt)?;
+        let tat: [u8; 16] = field(9..25)?.try_into().map_err(|_| Corrupt)?;
+        Ok(Slot {
+            fingerprint: u64::from_le_bytes(fp),
+            tat: u128::from_le_bytes(tat),
+        })
     }
 }
 
@@ -69,17 +79,27 @@ mod tests {
     fn round_trips_random_slots() {
         let mut r = SplitMix(3);
         for _ in 0..1000 {
-            let s = Slot { fingerprint: r.next_u64(), tat: ((r.next_u64() as u128) << 64) | r.next_u64() as u128 };
+            let s = Slot {
+                fingerprint: r.next_u64(),
+                tat: ((r.next_u64() as u128) << 64) | r.next_u64() as u128,
+            };
             assert_eq!(Slot::decode(&s.encode()), Ok(s));
         }
     }
 
     #[test]
     fn rejects_wrong_length_version_and_any_single_bit_flip() {
-        let good = Slot { fingerprint: 5, tat: 123_456_789 }.encode();
+        let good = Slot {
+            fingerprint: 5,
+            tat: 123_456_789,
+        }
+        .encode();
         assert_eq!(Slot::decode(&good[..28]), Err(Corrupt));
         assert_eq!(Slot::decode(&[]), Err(Corrupt));
-        assert_eq!(Slot::decode(b"hello world, not a slot at all"), Err(Corrupt));
+        assert_eq!(
+            Slot::decode(b"hello world, not a slot at all"),
+            Err(Corrupt)
+        );
         for byte in 0..SLOT_LEN {
             for bit in 0..8 {
                 let mut bad = good;

@@ -234,7 +234,11 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
             // serde_path_to_error writes `?` for a position it could not name.
             let path = e.path().to_string();
             let path = path.trim_end_matches('?').trim_end_matches('.');
-            let field = if path == "." { String::new() } else { path.to_string() };
+            let field = if path == "." {
+                String::new()
+            } else {
+                path.to_string()
+            };
             err(field, e.into_inner().to_string())
         })?
     };
@@ -274,7 +278,10 @@ fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
         return Err(err(field, "must not be empty"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(err(field, format!("must be at most {MAX_NAME_LEN} characters")));
+        return Err(err(
+            field,
+            format!("must be at most {MAX_NAME_LEN} characters"),
+        ));
     }
     if !name
         .bytes()
@@ -298,7 +305,8 @@ fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
 fn validate_rule(at: &str, raw: raw::Rule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
     let rate = positive(format!("{at}.bucket.rate"), raw.bucket.rate)?;
-    let period_ns = parse_duration(&raw.bucket.period).map_err(|p| err(format!("{at}.bucket.period"), p))?;
+    let period_ns =
+        parse_duration(&raw.bucket.period).map_err(|p| err(format!("{at}.bucket.period"), p))?;
     if period_ns == 0 {
         return Err(err(format!("{at}.bucket.period"), "must be longer than 0"));
     }
@@ -314,28 +322,42 @@ fn validate_rule(at: &str, raw: raw::Rule) -> Result<RuleSpec, ConfigError> {
     };
     // The bucket's full-refill time (burst * period / rate) must fit in u64 ns.
     if (burst as u128) * (period_ns as u128) / (rate as u128) > (u64::MAX / 4) as u128 {
-        return Err(err(format!("{at}.bucket"), "burst takes too long to refill"));
+        return Err(err(
+            format!("{at}.bucket"),
+            "burst takes too long to refill",
+        ));
     }
     let cost = validate_cost(at, raw.cost, burst)?;
     let max_keys = match raw.max_keys {
         None => 10_000,
         Some(n) if n <= 0 => {
-            return Err(err(format!("{at}.max_keys"), format!("must be greater than 0, got {n}")))
+            return Err(err(
+                format!("{at}.max_keys"),
+                format!("must be greater than 0, got {n}"),
+            ))
         }
         Some(n) if n > MAX_TABLE_SIZE as i64 => {
-            return Err(err(format!("{at}.max_keys"), format!("must be at most {MAX_TABLE_SIZE}")))
+            return Err(err(
+                format!("{at}.max_keys"),
+                format!("must be at most {MAX_TABLE_SIZE}"),
+            ))
         }
         Some(n) => n as u32,
     };
     for (j, part) in raw.key.iter().enumerate() {
-        part.validate().map_err(|p| err(format!("{at}.key[{j}]"), p))?;
+        part.validate()
+            .map_err(|p| err(format!("{at}.key[{j}]"), p))?;
     }
     Ok(RuleSpec {
         name: raw.name,
         matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
         key: raw.key.into_iter().map(KeyPart::normalised).collect(),
         on_missing_key: raw.on_missing_key,
-        bucket: BucketSpec { rate, period_ns, burst },
+        bucket: BucketSpec {
+            rate,
+            period_ns,
+            burst,
+        },
         cost,
         shadow: raw.shadow,
         max_keys,
@@ -344,7 +366,11 @@ fn validate_rule(at: &str, raw: raw::Rule) -> Result<RuleSpec, ConfigError> {
 
 fn validate_cost(at: &str, raw: Option<raw::Cost>, burst: u64) -> Result<CostSpec, ConfigError> {
     let Some(raw) = raw else {
-        return Ok(CostSpec { default: 1, header: None, max: 1 });
+        return Ok(CostSpec {
+            default: 1,
+            header: None,
+            max: 1,
+        });
     };
     let default = match raw.default {
         Some(d) => positive(format!("{at}.cost.default"), d)?,
@@ -361,13 +387,20 @@ fn validate_cost(at: &str, raw: Option<raw::Cost>, burst: u64) -> Result<CostSpe
         ));
     }
     if default > max {
-        return Err(err(format!("{at}.cost.default"), format!("{default} is larger than cost.max ({max})")));
+        return Err(err(
+            format!("{at}.cost.default"),
+            format!("{default} is larger than cost.max ({max})"),
+        ));
     }
     let header = match raw.header {
         Some(h) => Some(header_name(&format!("{at}.cost.header"), &h)?),
         None => None,
     };
-    Ok(CostSpec { default, header, max })
+    Ok(CostSpec {
+        default,
+        header,
+        max,
+    })
 }
 
 /// Validates and lower-cases a header name.
@@ -386,19 +419,28 @@ pub(crate) fn header_name(field: &str, name: &str) -> Result<String, ConfigError
 
 fn validate_match(at: &str, raw: raw::RawMatch) -> Result<Match, ConfigError> {
     if raw.path_prefix.is_some() && raw.path.is_some() {
-        return Err(err(format!("{at}.match"), "give either `path` or `path_prefix`, not both"));
+        return Err(err(
+            format!("{at}.match"),
+            "give either `path` or `path_prefix`, not both",
+        ));
     }
     for (field, value) in [("path_prefix", &raw.path_prefix), ("path", &raw.path)] {
         if let Some(p) = value {
             if !p.starts_with('/') {
-                return Err(err(format!("{at}.match.{field}"), format!("`{p}` must start with `/`")));
+                return Err(err(
+                    format!("{at}.match.{field}"),
+                    format!("`{p}` must start with `/`"),
+                ));
             }
         }
     }
     let mut methods = Vec::with_capacity(raw.methods.len());
     for (j, m) in raw.methods.iter().enumerate() {
         if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
-            return Err(err(format!("{at}.match.methods[{j}]"), format!("`{m}` is not an HTTP method")));
+            return Err(err(
+                format!("{at}.match.methods[{j}]"),
+                format!("`{m}` is not an HTTP method"),
+            ));
         }
         methods.push(m.to_ascii_uppercase());
     }
@@ -407,7 +449,9 @@ fn validate_match(at: &str, raw: raw::RawMatch) -> Result<Match, ConfigError> {
         let field = format!("{at}.match.headers[{j}]");
         let name = header_name(&format!("{field}.name"), &h.name)?;
         let m = match (h.exact, h.present) {
-            (Some(_), Some(_)) => return Err(err(field, "give either `exact` or `present`, not both")),
+            (Some(_), Some(_)) => {
+                return Err(err(field, "give either `exact` or `present`, not both"))
+            }
             (Some(value), None) => HeaderMatch::Exact(name, value.into_bytes()),
             (None, Some(present)) => HeaderMatch::Present(name, present),
             (None, None) => HeaderMatch::Present(name, true),
@@ -424,9 +468,13 @@ fn validate_match(at: &str, raw: raw::RawMatch) -> Result<Match, ConfigError> {
 
 fn validate_response(raw: raw::Response) -> Result<ResponseSpec, ConfigError> {
     if !(400..=599).contains(&raw.status) {
-        return Err(err("response.status", format!("must be between 400 and 599, got {}", raw.status)));
+        return Err(err(
+            "response.status",
+            format!("must be between 400 and 599, got {}", raw.status),
+        ));
     }
-    let jitter = parse_duration(&raw.retry_after_jitter).map_err(|p| err("response.retry_after_jitter", p))?;
+    let jitter = parse_duration(&raw.retry_after_jitter)
+        .map_err(|p| err("response.retry_after_jitter", p))?;
     if jitter > 3_600 * NS_PER_S {
         return Err(err("response.retry_after_jitter", "must be at most 1h"));
     }

@@ -54,7 +54,16 @@ mod tests {
 
     #[test]
     fn refuses_malformed_durations_with_a_reason() {
-        for bad in ["", "s", "1", "1d", "-1s", "1.5s", "99999999999999999999s", "1 s"] {
+        for bad in [
+            "",
+            "s",
+            "1",
+            "1d",
+            "-1s",
+            "1.5s",
+            "99999999999999999999s",
+            "1 s",
+        ] {
             let err = parse_duration(bad).expect_err(bad);
             assert!(err.contains('`'), "{bad}: {err}");
         }

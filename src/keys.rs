@@ -99,7 +99,7 @@ pub struct Placement {
 impl Placement {
     /// The used slot indexes.
     pub fn slots(&self) -> &[u32] {
-        &self.slots[..self.count]
+        self.slots.get(..self.count).unwrap_or(&self.slots)
     }
 }
 
@@ -133,14 +133,22 @@ pub fn place(
     }
     let fingerprint = h.finish();
     if !has_variable_parts(parts) || table_size == 1 {
-        return Some(Placement { fingerprint, slots: [0, 0], count: 1 });
+        return Some(Placement {
+            fingerprint,
+            slots: [0, 0],
+            count: 1,
+        });
     }
     let n = table_size as u64;
     let first = fingerprint % n;
     // The second slot is derived from the high bits and never equals the first.
     let step = 1 + (fingerprint >> 32).wrapping_mul(0x9e37_79b9) % (n - 1);
     let second = (first + step) % n;
-    Some(Placement { fingerprint, slots: [first as u32, second as u32], count: 2 })
+    Some(Placement {
+        fingerprint,
+        slots: [first as u32, second as u32],
+        count: 2,
+    })
 }
 
 #[cfg(test)]
@@ -173,8 +181,12 @@ mod tests {
     #[test]
     fn separators_in_values_cannot_forge_another_key() {
         let parts = vec![KeyPart::Header("a".into()), KeyPart::Header("b".into())];
-        let r1 = FakeRequest::new("GET", "/").with_header("a", b"x|y").with_header("b", b"z");
-        let r2 = FakeRequest::new("GET", "/").with_header("a", b"x").with_header("b", b"y|z");
+        let r1 = FakeRequest::new("GET", "/")
+            .with_header("a", b"x|y")
+            .with_header("b", b"z");
+        let r2 = FakeRequest::new("GET", "/")
+            .with_header("a", b"x")
+            .with_header("b", b"y|z");
         assert_ne!(fp(&parts, &r1), fp(&parts, &r2));
     }
 
@@ -201,9 +213,21 @@ mod tests {
 
     #[test]
     fn constant_keys_use_a_single_slot() {
-        let p = place(&[KeyPart::Constant("all".into())], MissingKey::Skip, SEED, 50, &FakeRequest::new("GET", "/"));
+        let p = place(
+            &[KeyPart::Constant("all".into())],
+            MissingKey::Skip,
+            SEED,
+            50,
+            &FakeRequest::new("GET", "/"),
+        );
         assert_eq!(p.map(|p| p.slots().to_vec()), Some(vec![0]));
-        let p = place(&[], MissingKey::Skip, SEED, 50, &FakeRequest::new("GET", "/"));
+        let p = place(
+            &[],
+            MissingKey::Skip,
+            SEED,
+            50,
+            &FakeRequest::new("GET", "/"),
+        );
         assert_eq!(p.map(|p| p.count), Some(1));
     }
 
@@ -228,6 +252,9 @@ mod tests {
             }
         }
         // 2,000 expected per slot; allow generous statistical slack.
-        assert!(counts.iter().all(|&c| (1700..2300).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (1700..2300).contains(&c)),
+            "{counts:?}"
+        );
     }
 }

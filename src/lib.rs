@@ -5,6 +5,16 @@
 //! randomness passed in, decisions returned as values. `host` is the thin
 //! adapter compiled only for `wasm32-wasip1`.
 
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 pub mod bucket;
 pub mod codec;
 pub mod config;
@@ -19,9 +29,9 @@ pub mod siphash;
 pub mod store;
 
 #[cfg(test)]
-mod limiter_tests;
-#[cfg(test)]
 mod config_tests;
+#[cfg(test)]
+mod limiter_tests;
 
 #[cfg(target_os = "wasi")]
 mod host;

@@ -59,7 +59,10 @@ pub struct RuleReport {
 pub enum Verdict {
     Allow,
     /// Refused by `rule`; the same request could pass in `wait_ns`.
-    Deny { rule: usize, wait_ns: u64 },
+    Deny {
+        rule: usize,
+        wait_ns: u64,
+    },
 }
 
 /// A verdict and the reports of every matching rule.
@@ -116,7 +119,13 @@ enum Commit {
 /// table; an unchanged one keeps its state across reconfiguration.
 fn definition_id(spec: &RuleSpec) -> u64 {
     let mut h = SipHasher13::new(0x736c_7569_6365, 0x7275_6c65);
-    h.write_field(format!("{:?}|{:?}|{:?}|{}", spec.bucket, spec.key, spec.on_missing_key, spec.max_keys).as_bytes());
+    h.write_field(
+        format!(
+            "{:?}|{:?}|{:?}|{}",
+            spec.bucket, spec.key, spec.on_missing_key, spec.max_keys
+        )
+        .as_bytes(),
+    );
     h.finish()
 }
 
@@ -127,22 +136,39 @@ impl Limiter {
             .rules
             .iter()
             .map(|spec| Rule {
-                prefix: format!("sluice/rl/{}/{}/{:016x}/", config.domain, spec.name, definition_id(spec)),
+                prefix: format!(
+                    "sluice/rl/{}/{}/{:016x}/",
+                    config.domain,
+                    spec.name,
+                    definition_id(spec)
+                ),
                 spec: spec.clone(),
             })
             .collect();
-        Limiter { rules, seed, max_retries: config.max_cas_retries, failure_mode_deny: config.failure_mode_deny }
+        Limiter {
+            rules,
+            seed,
+            max_retries: config.max_cas_retries,
+            failure_mode_deny: config.failure_mode_deny,
+        }
     }
 
     /// The shared-data key of a rule's slot.
     pub fn slot_key(&self, rule: usize, slot: u32) -> String {
-        format!("{}{}", self.rules[rule].prefix, slot)
+        let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}{slot}")
     }
 
     /// How many slots the rule's table really uses (1 for constant keys).
     pub fn table_len(&self, rule: usize) -> u32 {
-        let spec = &self.rules[rule].spec;
-        if crate::keys::has_variable_parts(&spec.key) { spec.max_keys } else { 1 }
+        let Some(Rule { spec, .. }) = self.rules.get(rule) else {
+            return 1;
+        };
+        if crate::keys::has_variable_parts(&spec.key) {
+            spec.max_keys
+        } else {
+            1
+        }
     }
 
     /// Creates every missing slot as a full bucket. Run at configuration in
@@ -150,7 +176,11 @@ impl Limiter {
     /// serves a request, so workers only ever find slots already present.
     /// Returns how many slots this call created.
     pub fn create_tables(&self, store: &dyn Store) -> Result<u32, StoreError> {
-        let empty = Slot { fingerprint: 0, tat: 0 }.encode();
+        let empty = Slot {
+            fingerprint: 0,
+            tat: 0,
+        }
+        .encode();
         let mut created = 0;
         for rule in 0..self.rules.len() {
             for slot in 0..self.table_len(rule) {
@@ -167,7 +197,9 @@ impl Limiter {
     /// The request's cost for a rule: the header value if it is a positive
     /// decimal number (clamped to the maximum), else the default.
     fn cost(spec: &RuleSpec, req: &dyn RequestView) -> u64 {
-        let Some(name) = &spec.cost.header else { return spec.cost.default };
+        let Some(name) = &spec.cost.header else {
+            return spec.cost.default;
+        };
         let parsed = req.header(name).and_then(|v| {
             let s = std::str::from_utf8(&v).ok()?.trim();
             (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
@@ -189,7 +221,13 @@ impl Limiter {
             if !spec.matcher.matches(req) {
                 continue;
             }
-            let Some(placement) = place(&spec.key, spec.on_missing_key, self.seed, self.table_len(i), req) else {
+            let Some(placement) = place(
+                &spec.key,
+                spec.on_missing_key,
+                self.seed,
+                self.table_len(i),
+                req,
+            ) else {
                 continue;
             };
             let cost = Self::cost(spec, req);
@@ -215,30 +253,57 @@ impl Limiter {
         }
     }
 
-    fn read(&self, store: &dyn Store, rule: usize, placement: Placement, cost: u64, now_ns: u64) -> Option<Pending> {
-        let spec = &self.rules[rule].spec;
+    fn read(
+        &self,
+        store: &dyn Store,
+        rule: usize,
+        placement: Placement,
+        cost: u64,
+        now_ns: u64,
+    ) -> Option<Pending> {
+        let spec = &self.rules.get(rule)?.spec;
         let mut reads = Vec::with_capacity(placement.count);
         for &slot in placement.slots() {
             let key = self.slot_key(rule, slot);
             let entry = store.get(&key).ok()?;
             let (cas, decoded) = match entry {
                 Some(e) => (e.cas, Slot::decode(&e.bytes).ok()),
-                None => (None, Some(Slot { fingerprint: 0, tat: 0 })),
+                None => (
+                    None,
+                    Some(Slot {
+                        fingerprint: 0,
+                        tat: 0,
+                    }),
+                ),
             };
             // Corrupt state is rebuilt under the failure policy: a full
             // bucket when failing open, an empty one when failing closed.
             let corrupt = decoded.is_none();
             let slot = decoded.unwrap_or(Slot {
                 fingerprint: 0,
-                tat: if self.failure_mode_deny { spec.bucket.empty_tat(now_ns) } else { 0 },
+                tat: if self.failure_mode_deny {
+                    spec.bucket.empty_tat(now_ns)
+                } else {
+                    0
+                },
             });
-            reads.push(Read { key, cas, slot, corrupt });
+            reads.push(Read {
+                key,
+                cas,
+                slot,
+                corrupt,
+            });
         }
-        let decision = (0..reads.len()).min_by_key(|&i| reads[i].slot.tat).unwrap_or(0);
+        let decision = reads
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| r.slot.tat)
+            .map_or(0, |(i, _)| i);
         let state = reads.get(decision)?.slot;
         let outcome = spec.bucket.decide(state.tat, now_ns, cost);
         let now = spec.bucket.scaled_now(now_ns);
-        let collision = state.fingerprint != 0 && state.fingerprint != placement.fingerprint && state.tat > now;
+        let collision =
+            state.fingerprint != 0 && state.fingerprint != placement.fingerprint && state.tat > now;
         let (result, wait_ns) = match outcome {
             Outcome::Allow { .. } => (RuleResult::Allowed, 0),
             Outcome::Deny { wait_ns, .. } if spec.shadow => (RuleResult::ShadowLimited, wait_ns),
@@ -255,13 +320,32 @@ impl Limiter {
             corrupt: reads.iter().any(|r| r.corrupt),
             collision,
         };
-        Some(Pending { rule, placement, cost, reads, decision, outcome, report, committed: None, now })
+        Some(Pending {
+            rule,
+            placement,
+            cost,
+            reads,
+            decision,
+            outcome,
+            report,
+            committed: None,
+            now,
+        })
     }
 
-    fn settle(&self, store: &dyn Store, now_ns: u64, mut pending: Vec<Pending>, mut reports: Vec<RuleReport>) -> Evaluation {
+    fn settle(
+        &self,
+        store: &dyn Store,
+        now_ns: u64,
+        mut pending: Vec<Pending>,
+        mut reports: Vec<RuleReport>,
+    ) -> Evaluation {
         let fail_closed = |reports: &[RuleReport]| {
             self.failure_mode_deny
-                && reports.iter().any(|r| r.result == RuleResult::StoreFailure && !self.rules[r.rule].spec.shadow)
+                && reports.iter().any(|r| {
+                    r.result == RuleResult::StoreFailure
+                        && self.rules.get(r.rule).is_some_and(|rule| !rule.spec.shadow)
+                })
         };
         let mut i = 0;
         loop {
@@ -269,7 +353,10 @@ impl Limiter {
                 return self.refuse(store, pending, reports, deny);
             }
             if fail_closed(&reports) {
-                let rule = reports.iter().find(|r| r.result == RuleResult::StoreFailure).map_or(0, |r| r.rule);
+                let rule = reports
+                    .iter()
+                    .find(|r| r.result == RuleResult::StoreFailure)
+                    .map_or(0, |r| r.rule);
                 return self.refuse(store, pending, reports, Verdict::Deny { rule, wait_ns: 0 });
             }
             let Some(p) = pending.get_mut(i) else { break };
@@ -302,7 +389,10 @@ impl Limiter {
         }
         reports.extend(pending.iter().map(|p| p.report));
         reports.sort_by_key(|r| r.rule);
-        Evaluation { verdict: Verdict::Allow, reports }
+        Evaluation {
+            verdict: Verdict::Allow,
+            reports,
+        }
     }
 
     /// The refusal with the longest wait among enforcing rules, if any.
@@ -311,10 +401,19 @@ impl Limiter {
             .iter()
             .filter(|p| p.report.result == RuleResult::Limited)
             .max_by_key(|p| p.report.wait_ns)
-            .map(|p| Verdict::Deny { rule: p.rule, wait_ns: p.report.wait_ns })
+            .map(|p| Verdict::Deny {
+                rule: p.rule,
+                wait_ns: p.report.wait_ns,
+            })
     }
 
-    fn refuse(&self, store: &dyn Store, pending: Vec<Pending>, mut reports: Vec<RuleReport>, verdict: Verdict) -> Evaluation {
+    fn refuse(
+        &self,
+        store: &dyn Store,
+        pending: Vec<Pending>,
+        mut reports: Vec<RuleReport>,
+        verdict: Verdict,
+    ) -> Evaluation {
         for p in &pending {
             if let Some((before, after)) = p.committed {
                 self.refund(store, p, before, after);
@@ -335,19 +434,29 @@ impl Limiter {
     /// only restored when untouched: the charge otherwise stays, which can
     /// only refuse more, never admit more.
     fn refund(&self, store: &dyn Store, p: &Pending, before: Slot, after: Slot) {
-        let spec = &self.rules[p.rule].spec;
-        let key = &p.reads[p.decision].key;
+        let (Some(Rule { spec, .. }), Some(Read { key, .. })) =
+            (self.rules.get(p.rule), p.reads.get(p.decision))
+        else {
+            return;
+        };
         let charged = (p.cost as u128).saturating_mul(spec.bucket.period_ns as u128);
         let from = after.tat.saturating_sub(charged);
         for _ in 0..self.max_retries {
-            let Ok(Some(entry)) = store.get(key) else { return };
-            let Ok(current) = Slot::decode(&entry.bytes) else { return };
+            let Ok(Some(entry)) = store.get(key) else {
+                return;
+            };
+            let Ok(current) = Slot::decode(&entry.bytes) else {
+                return;
+            };
             let restored = if current == after {
                 before
             } else if p.placement.count == 1 {
                 let late = p.now.saturating_sub(from);
                 let amount = charged.saturating_sub(late);
-                Slot { tat: current.tat.saturating_sub(amount), ..current }
+                Slot {
+                    tat: current.tat.saturating_sub(amount),
+                    ..current
+                }
             } else {
                 return;
             };
@@ -359,18 +468,32 @@ impl Limiter {
     }
 
     fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
-        let Outcome::Allow { new_tat, .. } = p.outcome else { return Commit::Done };
+        let Outcome::Allow { new_tat, .. } = p.outcome else {
+            return Commit::Done;
+        };
         let fingerprint = p.placement.fingerprint;
         for (j, read) in p.reads.iter().enumerate() {
             if j == p.decision || (read.slot.tat >= new_tat && !read.corrupt) {
                 continue;
             }
-            if !self.raise(store, &read.key, read.cas, fingerprint, new_tat, &mut p.report.cas_retries) {
+            if !self.raise(
+                store,
+                &read.key,
+                read.cas,
+                fingerprint,
+                new_tat,
+                &mut p.report.cas_retries,
+            ) {
                 return Commit::Failed;
             }
         }
-        let read = &p.reads[p.decision];
-        let after = Slot { fingerprint, tat: new_tat };
+        let Some(read) = p.reads.get(p.decision) else {
+            return Commit::Failed;
+        };
+        let after = Slot {
+            fingerprint,
+            tat: new_tat,
+        };
         match store.set(&read.key, &after.encode(), read.cas) {
             Ok(()) => {
                 p.committed = Some((read.slot, after));
@@ -382,7 +505,15 @@ impl Limiter {
     }
 
     /// Raises a slot's TAT to at least `tat`, retrying conflicts.
-    fn raise(&self, store: &dyn Store, key: &str, mut cas: Option<u32>, fingerprint: u64, tat: u128, retries: &mut u32) -> bool {
+    fn raise(
+        &self,
+        store: &dyn Store,
+        key: &str,
+        mut cas: Option<u32>,
+        fingerprint: u64,
+        tat: u128,
+        retries: &mut u32,
+    ) -> bool {
         loop {
             match store.set(key, &Slot { fingerprint, tat }.encode(), cas) {
                 Ok(()) => return true,

@@ -37,9 +37,17 @@ const ONE_RULE: &str = r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}]
 #[test]
 fn admits_exactly_burst_then_refuses_with_the_exact_wait() {
     let (l, store) = ready(ONE_RULE);
-    let verdicts: Vec<_> = (0..7).map(|_| l.evaluate(&store, NOW, &req("a")).verdict).collect();
+    let verdicts: Vec<_> = (0..7)
+        .map(|_| l.evaluate(&store, NOW, &req("a")).verdict)
+        .collect();
     assert!(verdicts[..5].iter().all(|v| *v == Verdict::Allow));
-    assert_eq!(verdicts[5], Verdict::Deny { rule: 0, wait_ns: 3600 * S });
+    assert_eq!(
+        verdicts[5],
+        Verdict::Deny {
+            rule: 0,
+            wait_ns: 3600 * S
+        }
+    );
     let later = l.evaluate(&store, NOW + 3600 * S, &req("a"));
     assert_eq!(later.verdict, Verdict::Allow);
 }
@@ -77,14 +85,30 @@ fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
     }
     for _ in 0..20 {
         let e = l.evaluate(&store, NOW, &req("a"));
-        assert_eq!(e.verdict, Verdict::Deny { rule: 1, wait_ns: 3600 * S });
+        assert_eq!(
+            e.verdict,
+            Verdict::Deny {
+                rule: 1,
+                wait_ns: 3600 * S
+            }
+        );
     }
     // Global has spent only the 2 admitted requests: 8 more callers pass.
     for i in 0..8 {
-        assert_eq!(l.evaluate(&store, NOW, &req(&format!("other{i}"))).verdict, Verdict::Allow, "{i}");
+        assert_eq!(
+            l.evaluate(&store, NOW, &req(&format!("other{i}"))).verdict,
+            Verdict::Allow,
+            "{i}"
+        );
     }
     let e = l.evaluate(&store, NOW, &req("z"));
-    assert_eq!(e.verdict, Verdict::Deny { rule: 0, wait_ns: 3600 * S });
+    assert_eq!(
+        e.verdict,
+        Verdict::Deny {
+            rule: 0,
+            wait_ns: 3600 * S
+        }
+    );
 }
 
 #[test]
@@ -103,16 +127,26 @@ fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_earlier_rules() {
         }
     }));
     let e = l.evaluate(&store, NOW, &req("a"));
-    assert_eq!(e.verdict, Verdict::Deny { rule: 1, wait_ns: 3600 * S });
+    assert_eq!(
+        e.verdict,
+        Verdict::Deny {
+            rule: 1,
+            wait_ns: 3600 * S
+        }
+    );
     *store.before_set.borrow_mut() = None;
     // Global spent exactly 2 (both admitted requests), refund included: 8 left.
-    let passed = (0..20).filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == Verdict::Allow).count();
+    let passed = (0..20)
+        .filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == Verdict::Allow)
+        .count();
     assert_eq!(passed, 8);
 }
 
 #[test]
 fn shadow_rules_report_but_never_refuse_and_are_not_charged_when_over() {
-    let (l, store) = ready(r#"{"rate_limits":[{"name":"s","shadow":true,"bucket":{"rate":1,"period":"1h","burst":1}}]}"#);
+    let (l, store) = ready(
+        r#"{"rate_limits":[{"name":"s","shadow":true,"bucket":{"rate":1,"period":"1h","burst":1}}]}"#,
+    );
     let first = l.evaluate(&store, NOW, &req("a"));
     assert_eq!(first.reports[0].result, RuleResult::Allowed);
     for _ in 0..3 {
@@ -149,7 +183,10 @@ fn property_exact_under_simulated_concurrent_workers() {
             }
         }));
         for _ in 0..burst * 3 {
-            if l.evaluate(&store, NOW, &FakeRequest::new("GET", "/")).verdict == Verdict::Allow {
+            if l.evaluate(&store, NOW, &FakeRequest::new("GET", "/"))
+                .verdict
+                == Verdict::Allow
+            {
                 admitted.set(admitted.get() + 1);
             }
         }
@@ -159,20 +196,33 @@ fn property_exact_under_simulated_concurrent_workers() {
 
 #[test]
 fn property_a_hot_key_never_exceeds_its_limit_among_many_cold_keys() {
-    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}],
-        "bucket":{"rate":10,"period":"1s","burst":20},"max_keys":50}]}"#);
+    let (l, store) = ready(
+        r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}],
+        "bucket":{"rate":10,"period":"1s","burst":20},"max_keys":50}]}"#,
+    );
     let mut rng = SplitMix(9);
     let mut now = NOW;
     let mut hot_admitted = 0u64;
     let mut hot_refused = 0u64;
     for i in 0..20_000u64 {
         now += rng.below(2 * S / 1000); // 1,000 requests/s on average
-        let key = if i % 10 == 0 { "hot".to_string() } else { format!("cold{i}") };
+        let key = if i % 10 == 0 {
+            "hot".to_string()
+        } else {
+            format!("cold{i}")
+        };
         let allowed = l.evaluate(&store, now, &req(&key)).verdict == Verdict::Allow;
         if key == "hot" {
-            if allowed { hot_admitted += 1 } else { hot_refused += 1 }
+            if allowed {
+                hot_admitted += 1
+            } else {
+                hot_refused += 1
+            }
             let bound = 20 + (now - NOW) as u128 * 10 / S as u128;
-            assert!(hot_admitted as u128 <= bound, "hot key escaped: {hot_admitted} > {bound}");
+            assert!(
+                hot_admitted as u128 <= bound,
+                "hot key escaped: {hot_admitted} > {bound}"
+            );
         }
     }
     assert!(hot_refused > 0 && hot_admitted > 0);
@@ -181,8 +231,19 @@ fn property_a_hot_key_never_exceeds_its_limit_among_many_cold_keys() {
 
 #[test]
 fn corrupt_slots_are_rebuilt_by_the_failure_policy() {
-    for (deny, expect) in [(false, Verdict::Allow), (true, Verdict::Deny { rule: 0, wait_ns: 3600 * S })] {
-        let json = format!(r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#);
+    for (deny, expect) in [
+        (false, Verdict::Allow),
+        (
+            true,
+            Verdict::Deny {
+                rule: 0,
+                wait_ns: 3600 * S,
+            },
+        ),
+    ] {
+        let json = format!(
+            r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#
+        );
         let (l, store) = ready(&json);
         store.raw_set(&l.slot_key(0, 0), b"garbage");
         let e = l.evaluate(&store, NOW, &req("a"));
@@ -198,7 +259,9 @@ fn corrupt_slots_are_rebuilt_by_the_failure_policy() {
 #[test]
 fn an_unavailable_store_follows_the_failure_policy() {
     for deny in [false, true] {
-        let json = format!(r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#);
+        let json = format!(
+            r#"{{"failure_mode_deny":{deny},"rate_limits":[{{"name":"r","bucket":{{"rate":1,"period":"1h","burst":1}}}}]}}"#
+        );
         let (l, store) = ready(&json);
         store.fail_all.set(true);
         let e = l.evaluate(&store, NOW, &req("a"));
@@ -209,9 +272,16 @@ fn an_unavailable_store_follows_the_failure_policy() {
 
 #[test]
 fn endless_conflicts_stop_after_the_retry_bound() {
-    let (l, store) = ready(r#"{"max_cas_retries":3,"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":100}}]}"#);
+    let (l, store) = ready(
+        r#"{"max_cas_retries":3,"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":100}}]}"#,
+    );
     *store.before_set.borrow_mut() = Some(Box::new(|s: &MemoryStore, key: &str| {
-        let v = s.map.borrow().get(key).map(|(b, _)| b.clone()).unwrap_or_default();
+        let v = s
+            .map
+            .borrow()
+            .get(key)
+            .map(|(b, _)| b.clone())
+            .unwrap_or_default();
         s.raw_set(key, &v); // same bytes, new CAS token: a conflict every time
     }));
     let e = l.evaluate(&store, NOW, &req("a"));
@@ -223,12 +293,26 @@ fn endless_conflicts_stop_after_the_retry_bound() {
 
 #[test]
 fn cost_comes_from_the_header_clamped_and_defaults_on_bad_values() {
-    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","cost":{"header":"x-cost","max":5},
-        "bucket":{"rate":1,"period":"1h","burst":100}}]}"#);
-    let cases: [(&[u8], u64); 7] = [(b"3", 3), (b"50", 5), (b"0", 1), (b"-2", 1), (b"abc", 1), (b"\xff\xfe", 1), (b"99999999999999999999999", 1)];
+    let (l, store) = ready(
+        r#"{"rate_limits":[{"name":"r","cost":{"header":"x-cost","max":5},
+        "bucket":{"rate":1,"period":"1h","burst":100}}]}"#,
+    );
+    let cases: [(&[u8], u64); 7] = [
+        (b"3", 3),
+        (b"50", 5),
+        (b"0", 1),
+        (b"-2", 1),
+        (b"abc", 1),
+        (b"\xff\xfe", 1),
+        (b"99999999999999999999999", 1),
+    ];
     for (value, cost) in cases {
         let r = FakeRequest::new("GET", "/").with_header("x-cost", value);
-        assert_eq!(l.evaluate(&store, NOW, &r).reports[0].cost, cost, "{value:?}");
+        assert_eq!(
+            l.evaluate(&store, NOW, &r).reports[0].cost,
+            cost,
+            "{value:?}"
+        );
     }
 }
 
@@ -242,9 +326,11 @@ fn missing_slots_are_created_on_use_when_tables_were_not() {
 
 #[test]
 fn unmatched_rules_and_skipped_keys_do_not_apply() {
-    let (l, store) = ready(r#"{"rate_limits":[{"name":"r","match":{"path_prefix":"/admin"},
+    let (l, store) = ready(
+        r#"{"rate_limits":[{"name":"r","match":{"path_prefix":"/admin"},
         "bucket":{"rate":1,"period":"1h","burst":1}},
-        {"name":"k","key":[{"header":"x-tenant"}],"bucket":{"rate":1,"period":"1h","burst":1}}]}"#);
+        {"name":"k","key":[{"header":"x-tenant"}],"bucket":{"rate":1,"period":"1h","burst":1}}]}"#,
+    );
     for _ in 0..3 {
         let e = l.evaluate(&store, NOW, &req("a"));
         assert_eq!(e.verdict, Verdict::Allow);

@@ -46,13 +46,19 @@ impl Match {
             let Some(method) = req.header(":method") else {
                 return false;
             };
-            if !self.methods.iter().any(|m| m.as_bytes() == method.as_slice()) {
+            if !self
+                .methods
+                .iter()
+                .any(|m| m.as_bytes() == method.as_slice())
+            {
                 return false;
             }
         }
         self.headers.iter().all(|h| match h {
             HeaderMatch::Present(name, want) => req.header(name).is_some() == *want,
-            HeaderMatch::Exact(name, value) => req.header(name).as_deref() == Some(value.as_slice()),
+            HeaderMatch::Exact(name, value) => {
+                req.header(name).as_deref() == Some(value.as_slice())
+            }
         })
     }
 }
@@ -71,10 +77,16 @@ mod tests {
 
     #[test]
     fn path_prefix_and_exact_ignore_the_query_string() {
-        let prefix = Match { path_prefix: Some("/api".into()), ..Match::default() };
+        let prefix = Match {
+            path_prefix: Some("/api".into()),
+            ..Match::default()
+        };
         assert!(prefix.matches(&FakeRequest::new("GET", "/api/v1?x=1")));
         assert!(!prefix.matches(&FakeRequest::new("GET", "/ap")));
-        let exact = Match { path: Some("/login".into()), ..Match::default() };
+        let exact = Match {
+            path: Some("/login".into()),
+            ..Match::default()
+        };
         assert!(exact.matches(&FakeRequest::new("POST", "/login?next=/")));
         assert!(!exact.matches(&FakeRequest::new("POST", "/login/x")));
     }

@@ -24,25 +24,23 @@ pub trait RequestView {
 
 /// The path without its query string or fragment.
 pub fn strip_query(path: &[u8]) -> &[u8] {
-    let end = path
-        .iter()
-        .position(|&b| b == b'?' || b == b'#')
-        .unwrap_or(path.len());
-    &path[..end]
+    path.split(|&b| b == b'?' || b == b'#')
+        .next()
+        .unwrap_or(path)
 }
 
 /// An address such as `10.0.0.1:5678` or `[::1]:5678` without its port.
 pub fn strip_port(address: &[u8]) -> &[u8] {
     if let Some(rest) = address.strip_prefix(b"[") {
-        if let Some(end) = rest.iter().position(|&b| b == b']') {
-            return &rest[..end];
-        }
-        return address;
+        return match rest.iter().position(|&b| b == b']') {
+            Some(end) => rest.get(..end).unwrap_or(address),
+            None => address,
+        };
     }
     let colons = address.iter().filter(|&&b| b == b':').count();
     if colons == 1 {
-        if let Some(i) = address.iter().rposition(|&b| b == b':') {
-            return &address[..i];
+        if let Some(host) = address.rsplit(|&b| b == b':').nth(1) {
+            return host;
         }
     }
     address
@@ -63,9 +61,11 @@ pub(crate) mod fake {
     impl FakeRequest {
         pub fn new(method: &str, path: &str) -> Self {
             let mut r = Self::default();
-            r.headers.insert(":method".into(), method.as_bytes().to_vec());
+            r.headers
+                .insert(":method".into(), method.as_bytes().to_vec());
             r.headers.insert(":path".into(), path.as_bytes().to_vec());
-            r.headers.insert(":authority".into(), b"example.com".to_vec());
+            r.headers
+                .insert(":authority".into(), b"example.com".to_vec());
             r.attributes.insert("source", b"10.1.2.3:4567".to_vec());
             r
         }

@@ -15,7 +15,9 @@ use crate::rng::SplitMix;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Let it through, adding these response headers (possibly none).
-    Continue { response_headers: Vec<(&'static str, String)> },
+    Continue {
+        response_headers: Vec<(&'static str, String)>,
+    },
     /// Answer it now.
     Reject(Rejection),
 }
@@ -63,13 +65,24 @@ impl PolicyInfo {
     /// The policy of a bucket.
     pub fn of(name: &str, b: &crate::config::BucketSpec) -> Self {
         let refill_ns = (b.burst as u128 * b.period_ns as u128).div_ceil(b.rate as u128);
-        let window_s = u64::try_from(refill_ns.div_ceil(NS_PER_S as u128)).unwrap_or(u64::MAX).max(1);
-        PolicyInfo { name: name.to_string(), quota: b.burst, window_s }
+        let window_s = u64::try_from(refill_ns.div_ceil(NS_PER_S as u128))
+            .unwrap_or(u64::MAX)
+            .max(1);
+        PolicyInfo {
+            name: name.to_string(),
+            quota: b.burst,
+            window_s,
+        }
     }
 }
 
 /// Builds the action for an evaluation. `policies` is indexed by rule.
-pub fn action(eval: &Evaluation, spec: &ResponseSpec, policies: &[PolicyInfo], rng: &mut SplitMix) -> Action {
+pub fn action(
+    eval: &Evaluation,
+    spec: &ResponseSpec,
+    policies: &[PolicyInfo],
+    rng: &mut SplitMix,
+) -> Action {
     match eval.verdict {
         Verdict::Allow => {
             let response_headers = if spec.headers_on_allowed {
@@ -91,7 +104,12 @@ pub fn action(eval: &Evaluation, spec: &ResponseSpec, policies: &[PolicyInfo], r
             let wait_ms = wait_ns.div_ceil(NS_PER_MS);
             let mut headers = vec![("retry-after", retry_after.to_string())];
             if let Some(report) = eval.reports.iter().find(|r| r.rule == rule) {
-                headers.extend(rate_headers(spec.ratelimit_headers, report, policies, Some(retry_after)));
+                headers.extend(rate_headers(
+                    spec.ratelimit_headers,
+                    report,
+                    policies,
+                    Some(retry_after),
+                ));
             }
             let body = format!(
                 "{{\"error\":\"rate_limited\",\"rule\":{},\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
@@ -109,13 +127,26 @@ pub fn action(eval: &Evaluation, spec: &ResponseSpec, policies: &[PolicyInfo], r
 
 /// The rate-limit headers for one rule. `reset_override` is the refusal's
 /// `Retry-After`, so a refused client is told one consistent time.
-fn rate_headers(style: HeaderStyle, r: &RuleReport, policies: &[PolicyInfo], reset_override: Option<u64>) -> Vec<(&'static str, String)> {
-    let Some(p) = policies.get(r.rule) else { return Vec::new() };
+fn rate_headers(
+    style: HeaderStyle,
+    r: &RuleReport,
+    policies: &[PolicyInfo],
+    reset_override: Option<u64>,
+) -> Vec<(&'static str, String)> {
+    let Some(p) = policies.get(r.rule) else {
+        return Vec::new();
+    };
     let reset = reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns));
     let mut out = Vec::new();
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        out.push(("ratelimit-policy", format!("\"{}\";q={};w={}", p.name, p.quota, p.window_s)));
-        out.push(("ratelimit", format!("\"{}\";r={};t={reset}", p.name, r.remaining)));
+        out.push((
+            "ratelimit-policy",
+            format!("\"{}\";q={};w={}", p.name, p.quota, p.window_s),
+        ));
+        out.push((
+            "ratelimit",
+            format!("\"{}\";r={};t={reset}", p.name, r.remaining),
+        ));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         out.push(("x-ratelimit-limit", p.quota.to_string()));
@@ -123,4 +154,148 @@ fn rate_headers(style: HeaderStyle, r: &RuleReport, policies: &[PolicyInfo], res
         out.push(("x-ratelimit-reset", reset.to_string()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BucketSpec, HeaderStyle};
+    use crate::limiter::{RuleReport, RuleResult};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const S: u64 = NS_PER_S;
+
+    fn report(result: RuleResult, remaining: u64, wait_ns: u64, full_in_ns: u64) -> RuleReport {
+        RuleReport {
+            rule: 0,
+            result,
+            cost: 1,
+            remaining,
+            full_in_ns,
+            wait_ns,
+            cas_retries: 0,
+            corrupt: false,
+            collision: false,
+        }
+    }
+
+    fn spec(style: HeaderStyle, on_allowed: bool, jitter: u64) -> ResponseSpec {
+        ResponseSpec {
+            status: 429,
+            retry_after_jitter_ns: jitter,
+            ratelimit_headers: style,
+            headers_on_allowed: on_allowed,
+        }
+    }
+
+    fn policies() -> Vec<PolicyInfo> {
+        vec![PolicyInfo::of(
+            "r",
+            &BucketSpec {
+                rate: 10,
+                period_ns: 60 * S,
+                burst: 20,
+            },
+        )]
+    }
+
+    #[test]
+    fn property_retry_after_is_never_early_and_stays_within_the_spread() {
+        let mut rng = SplitMix(5);
+        for _ in 0..10_000 {
+            let wait = rng.below(100 * S);
+            let spread = rng.below(10 * S);
+            let ra = retry_after_secs(wait, spread, &mut rng);
+            assert!(ra >= 1);
+            assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
+            assert!(ra <= ceil_secs(wait + spread).max(1));
+        }
+    }
+
+    #[test]
+    fn jitter_spreads_clients_refused_together() {
+        let mut rng = SplitMix(1);
+        let values: std::collections::BTreeSet<u64> = (0..100)
+            .map(|_| retry_after_secs(S / 2, 5 * S, &mut rng))
+            .collect();
+        assert!(values.len() >= 5, "{values:?}");
+        assert_eq!(retry_after_secs(S / 2, 0, &mut rng), 1);
+    }
+
+    #[test]
+    fn refusal_carries_status_body_and_consistent_headers() {
+        let eval = Evaluation {
+            verdict: Verdict::Deny {
+                rule: 0,
+                wait_ns: 2_500_000_000,
+            },
+            reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)],
+        };
+        let Action::Reject(r) = action(
+            &eval,
+            &spec(HeaderStyle::Both, false, 0),
+            &policies(),
+            &mut SplitMix(0),
+        ) else {
+            panic!()
+        };
+        assert_eq!(r.status, 429);
+        let h: std::collections::HashMap<_, _> = r.headers.iter().cloned().collect();
+        assert_eq!(h["retry-after"], "3");
+        assert_eq!(h["ratelimit-policy"], "\"r\";q=20;w=120");
+        assert_eq!(h["ratelimit"], "\"r\";r=0;t=3");
+        assert_eq!(h["x-ratelimit-limit"], "20");
+        assert_eq!(h["x-ratelimit-reset"], "3");
+        assert_eq!(
+            r.body,
+            r#"{"error":"rate_limited","rule":"r","retry_after_ms":2500,"retry_after_s":3}"#
+        );
+        assert!(r.grpc_message.contains("rule r"));
+    }
+
+    #[test]
+    fn allowed_requests_carry_headers_only_when_configured_and_in_the_chosen_style() {
+        let eval = Evaluation {
+            verdict: Verdict::Allow,
+            reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
+        };
+        let off = action(
+            &eval,
+            &spec(HeaderStyle::Both, false, 0),
+            &policies(),
+            &mut SplitMix(0),
+        );
+        assert_eq!(
+            off,
+            Action::Continue {
+                response_headers: vec![]
+            }
+        );
+        let Action::Continue { response_headers } = action(
+            &eval,
+            &spec(HeaderStyle::Legacy, true, 0),
+            &policies(),
+            &mut SplitMix(0),
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            response_headers,
+            vec![
+                ("x-ratelimit-limit", "20".into()),
+                ("x-ratelimit-remaining", "7".into()),
+                ("x-ratelimit-reset", "40".into())
+            ]
+        );
+        let Action::Continue { response_headers } = action(
+            &eval,
+            &spec(HeaderStyle::None, true, 0),
+            &policies(),
+            &mut SplitMix(0),
+        ) else {
+            panic!()
+        };
+        assert!(response_headers.is_empty());
+    }
 }

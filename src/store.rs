@@ -53,7 +53,9 @@ pub(crate) mod memory {
         pub fn raw_set(&self, key: &str, value: &[u8]) {
             let cas = self.next_cas.get() + 1;
             self.next_cas.set(cas);
-            self.map.borrow_mut().insert(key.to_string(), (value.to_vec(), cas));
+            self.map
+                .borrow_mut()
+                .insert(key.to_string(), (value.to_vec(), cas));
         }
     }
 
@@ -62,7 +64,10 @@ pub(crate) mod memory {
             if self.fail_all.get() {
                 return Err(StoreError::Unavailable);
             }
-            Ok(self.map.borrow().get(key).map(|(b, c)| Entry { bytes: b.clone(), cas: Some(*c) }))
+            Ok(self.map.borrow().get(key).map(|(b, c)| Entry {
+                bytes: b.clone(),
+                cas: Some(*c),
+            }))
         }
 
         fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {

@@ -19,7 +19,10 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(plugin: Option<Rc<Plugin>>) -> Self {
-        Stream { plugin, response_headers: Vec::new() }
+        Stream {
+            plugin,
+            response_headers: Vec::new(),
+        }
     }
 }
 
@@ -28,7 +31,9 @@ struct HostRequest;
 
 impl RequestView for HostRequest {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
     }
 
     fn attribute(&self, attr: Attribute) -> Option<Vec<u8>> {
@@ -49,15 +54,21 @@ fn now_ns() -> u64 {
 }
 
 fn is_grpc(req: &HostRequest) -> bool {
-    req.header("content-type").is_some_and(|v| v.starts_with(b"application/grpc"))
+    req.header("content-type")
+        .is_some_and(|v| v.starts_with(b"application/grpc"))
 }
 
 fn reject(req: &HostRequest, r: &Rejection) {
     let result = if is_grpc(req) {
         let meta: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        hostcalls::send_grpc_response(GrpcStatusCode::ResourceExhausted, Some(&r.grpc_message), meta)
+        hostcalls::send_grpc_response(
+            GrpcStatusCode::ResourceExhausted,
+            Some(&r.grpc_message),
+            meta,
+        )
     } else {
-        let mut headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut headers: Vec<(&str, &str)> =
+            r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         headers.push(("content-type", "application/json"));
         hostcalls::send_http_response(r.status, headers, Some(r.body.as_bytes()))
     };
@@ -70,7 +81,9 @@ impl Context for Stream {}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
-        let Some(plugin) = &self.plugin else { return HostAction::Continue };
+        let Some(plugin) = &self.plugin else {
+            return HostAction::Continue;
+        };
         if plugin.limiter.rules.is_empty() {
             return HostAction::Continue;
         }
@@ -78,7 +91,9 @@ impl HttpContext for Stream {
         let eval = plugin.limiter.evaluate(&SharedData, now_ns(), &req);
         plugin.metrics.record(&eval);
         let decided = {
-            let Ok(mut rng) = plugin.rng.try_borrow_mut() else { return HostAction::Continue };
+            let Ok(mut rng) = plugin.rng.try_borrow_mut() else {
+                return HostAction::Continue;
+            };
             action(&eval, &plugin.config.response, &plugin.policies, &mut rng)
         };
         match decided {

@@ -55,7 +55,9 @@ impl Metrics {
     /// Counts one evaluation.
     pub fn record(&self, eval: &Evaluation) {
         for r in &eval.reports {
-            let Some(m) = self.rules.get(r.rule) else { continue };
+            let Some(m) = self.rules.get(r.rule) else {
+                continue;
+            };
             let id = match r.result {
                 RuleResult::Allowed => m.allowed,
                 RuleResult::Limited => m.limited,

@@ -61,10 +61,14 @@ fn random_u64() -> u64 {
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         super::sync_log_level();
-        let bytes = proxy_wasm::hostcalls::get_buffer(proxy_wasm::types::BufferType::PluginConfiguration, 0, usize::MAX)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let bytes = proxy_wasm::hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::PluginConfiguration,
+            0,
+            usize::MAX,
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
         let config = match config::parse(&bytes) {
             Ok(c) => c,
             Err(e) => {
@@ -86,11 +90,22 @@ impl RootContext for Root {
                 return false;
             }
         }
-        let tables: Vec<(&str, u32)> =
-            config.rules.iter().enumerate().map(|(i, r)| (r.name.as_str(), limiter.table_len(i))).collect();
+        let tables: Vec<(&str, u32)> = config
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.as_str(), limiter.table_len(i)))
+            .collect();
         let metrics = Metrics::define(&tables);
-        let policies = config.rules.iter().map(|r| PolicyInfo::of(&r.name, &r.bucket)).collect();
-        info!("sluice: configured {} rate-limit rule(s)", config.rules.len());
+        let policies = config
+            .rules
+            .iter()
+            .map(|r| PolicyInfo::of(&r.name, &r.bucket))
+            .collect();
+        info!(
+            "sluice: configured {} rate-limit rule(s)",
+            config.rules.len()
+        );
         self.plugin = Some(Rc::new(Plugin {
             config,
             limiter,

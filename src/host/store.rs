@@ -11,7 +11,10 @@ impl Store for SharedData {
     fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         match hostcalls::get_shared_data(key) {
             Ok((Some(bytes), cas)) => Ok(Some(Entry { bytes, cas })),
-            Ok((None, Some(cas))) => Ok(Some(Entry { bytes: Vec::new(), cas: Some(cas) })),
+            Ok((None, Some(cas))) => Ok(Some(Entry {
+                bytes: Vec::new(),
+                cas: Some(cas),
+            })),
             Ok((None, None)) => Ok(None),
             Err(_) => Err(StoreError::Unavailable),
         }

