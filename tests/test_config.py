@@ -41,3 +41,9 @@ def test_shipped_envoy_configs_validate(path):
     p = subprocess.run([ENVOY, "--mode", "validate", "-c", str(path), "--base-id", str(next_base_id())],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.json")), ids=lambda p: p.name)
+def test_example_plugin_configs_load(path):
+    ok, out = validate(path.read_text())
+    assert ok, out[-3000:]
