@@ -1,15 +1,17 @@
 //! The bytes of one slot in shared data.
 //!
-//! Layout (29 bytes, little-endian): version `1`, the fingerprint of the key
-//! that last charged the slot (8 bytes, for collision accounting), the
-//! scaled TAT (16 bytes), and a 32-bit check over the rest. Anything else,
+//! Layout (21 bytes, little-endian): version `2`, the tag of the key that
+//! last charged the slot (4 bytes, for collision accounting), the scaled TAT
+//! (12 bytes: 96 bits hold any validated rate for thousands of years), and a
+//! 32-bit check over the rest. 21 bytes fit Envoy's short-string buffer, so
+//! a slot costs no extra allocation in Envoy's shared-data map. Anything else,
 //! whatever its origin (another plugin sharing the vm_id, a bug, an older
 //! format), decodes as `Corrupt` and is never trusted.
 
 /// One slot's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
-    pub fingerprint: u64,
+    pub fingerprint: u32,
     pub tat: u128,
 }
 
@@ -17,9 +19,11 @@ pub struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Encoded size of a slot.
-pub const SLOT_LEN: usize = 29;
+pub const SLOT_LEN: usize = 21;
+/// Largest storable TAT (2^96 - 1); larger values are clamped.
+pub const MAX_TAT: u128 = (1 << 96) - 1;
 
 fn check(body: &[u8]) -> u32 {
     // FNV-1a: detects truncation and stray writes, not an adversary (an
@@ -32,10 +36,10 @@ fn check(body: &[u8]) -> u32 {
 impl Slot {
     /// The encoded bytes.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
-        let mut body = [0u8; 25];
+        let mut body = [0u8; 17];
         let fields = std::iter::once(VERSION)
             .chain(self.fingerprint.to_le_bytes())
-            .chain(self.tat.to_le_bytes());
+            .chain(self.tat.min(MAX_TAT).to_le_bytes().into_iter().take(12));
         for (dst, src) in body.iter_mut().zip(fields) {
             *dst = src;
         }
@@ -55,14 +59,17 @@ impl Slot {
         if bytes.len() != SLOT_LEN || bytes.first() != Some(&VERSION) {
             return Err(Corrupt);
         }
-        let c: [u8; 4] = field(25..29)?.try_into().map_err(|_| Corrupt)?;
-        if u32::from_le_bytes(c) != check(field(0..25)?) {
+        let c: [u8; 4] = field(17..21)?.try_into().map_err(|_| Corrupt)?;
+        if u32::from_le_bytes(c) != check(field(0..17)?) {
             return Err(Corrupt);
         }
-        let fp: [u8; 8] = field(1..9)?.try_into().map_err(|_| Corrupt)?;
-        let tat: [u8; 16] = field(9..25)?.try_into().map_err(|_| Corrupt)?;
+        let fp: [u8; 4] = field(1..5)?.try_into().map_err(|_| Corrupt)?;
+        let mut tat = [0u8; 16];
+        for (dst, src) in tat.iter_mut().zip(field(5..17)?) {
+            *dst = *src;
+        }
         Ok(Slot {
-            fingerprint: u64::from_le_bytes(fp),
+            fingerprint: u32::from_le_bytes(fp),
             tat: u128::from_le_bytes(tat),
         })
     }
@@ -80,8 +87,8 @@ mod tests {
         let mut r = SplitMix(3);
         for _ in 0..1000 {
             let s = Slot {
-                fingerprint: r.next_u64(),
-                tat: ((r.next_u64() as u128) << 64) | r.next_u64() as u128,
+                fingerprint: r.next_u64() as u32,
+                tat: (((r.next_u64() as u128) << 64) | r.next_u64() as u128) & MAX_TAT,
             };
             assert_eq!(Slot::decode(&s.encode()), Ok(s));
         }
@@ -94,7 +101,13 @@ mod tests {
             tat: 123_456_789,
         }
         .encode();
-        assert_eq!(Slot::decode(&good[..28]), Err(Corrupt));
+        assert_eq!(Slot::decode(&good[..20]), Err(Corrupt));
+        let huge = Slot {
+            fingerprint: 1,
+            tat: u128::MAX,
+        }
+        .encode();
+        assert_eq!(Slot::decode(&huge).map(|s| s.tat), Ok(MAX_TAT));
         assert_eq!(Slot::decode(&[]), Err(Corrupt));
         assert_eq!(
             Slot::decode(b"hello world, not a slot at all"),

@@ -310,6 +310,12 @@ fn validate_rule(at: &str, raw: raw::Rule) -> Result<RuleSpec, ConfigError> {
     if period_ns == 0 {
         return Err(err(format!("{at}.bucket.period"), "must be longer than 0"));
     }
+    if rate > u32::MAX as u64 {
+        return Err(err(
+            format!("{at}.bucket.rate"),
+            format!("must be at most {} per period", u32::MAX),
+        ));
+    }
     if rate > period_ns {
         return Err(err(
             format!("{at}.bucket.rate"),

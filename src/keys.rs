@@ -97,6 +97,12 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// The 32-bit tag stored in slots for collision accounting (never 0,
+    /// which marks a slot no key has charged).
+    pub fn tag(&self) -> u32 {
+        (self.fingerprint as u32) | 1
+    }
+
     /// The used slot indexes.
     pub fn slots(&self) -> &[u32] {
         self.slots.get(..self.count).unwrap_or(&self.slots)

@@ -21,7 +21,7 @@
 
 use crate::bucket::Outcome;
 use crate::codec::Slot;
-use crate::config::{Config, RuleSpec};
+use crate::config::{Config, ConfigError, RuleSpec};
 use crate::keys::{place, Placement};
 use crate::request::RequestView;
 use crate::siphash::SipHasher13;
@@ -115,42 +115,50 @@ enum Commit {
     Failed,
 }
 
-/// A stable identifier of a rule's definition: a changed rule gets a fresh
-/// table; an unchanged one keeps its state across reconfiguration.
-fn definition_id(spec: &RuleSpec) -> u64 {
+/// A stable 32-bit identifier of a rule's table: a changed rule gets a
+/// fresh table; an unchanged one keeps its state across reconfiguration.
+/// Short on purpose: slot keys such as `sl1f2e3d4c/12345` fit Envoy's
+/// short-string buffer, which halves the memory of a slot.
+fn table_id(domain: &str, spec: &RuleSpec) -> u32 {
     let mut h = SipHasher13::new(0x736c_7569_6365, 0x7275_6c65);
-    h.write_field(
-        format!(
-            "{:?}|{:?}|{:?}|{}",
-            spec.bucket, spec.key, spec.on_missing_key, spec.max_keys
-        )
-        .as_bytes(),
+    h.write_field(domain.as_bytes());
+    h.write_field(spec.name.as_bytes());
+    let definition = format!(
+        "{:?}|{:?}|{:?}|{}",
+        spec.bucket, spec.key, spec.on_missing_key, spec.max_keys
     );
-    h.finish()
+    h.write_field(definition.as_bytes());
+    h.finish() as u32
 }
 
 impl Limiter {
-    /// Prepares a limiter; `seed` must be the same in every VM.
-    pub fn new(config: &Config, seed: (u64, u64)) -> Self {
-        let rules = config
-            .rules
-            .iter()
-            .map(|spec| Rule {
-                prefix: format!(
-                    "sluice/rl/{}/{}/{:016x}/",
-                    config.domain,
-                    spec.name,
-                    definition_id(spec)
-                ),
+    /// Prepares a limiter; `seed` must be the same in every VM. Fails only
+    /// if two rules' table ids collide (about one chance in four billion
+    /// per pair), naming the rule to rename.
+    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
+        let mut rules: Vec<Rule> = Vec::with_capacity(config.rules.len());
+        for (i, spec) in config.rules.iter().enumerate() {
+            let prefix = format!("sl{:08x}/", table_id(&config.domain, spec));
+            if let Some(other) = rules.iter().find(|r| r.prefix == prefix) {
+                return Err(ConfigError {
+                    field: format!("rate_limits[{i}].name"),
+                    problem: format!(
+                        "its state table id collides with rule `{}`; rename one of them",
+                        other.spec.name
+                    ),
+                });
+            }
+            rules.push(Rule {
+                prefix,
                 spec: spec.clone(),
-            })
-            .collect();
-        Limiter {
+            });
+        }
+        Ok(Limiter {
             rules,
             seed,
             max_retries: config.max_cas_retries,
             failure_mode_deny: config.failure_mode_deny,
-        }
+        })
     }
 
     /// The shared-data key of a rule's slot.
@@ -303,7 +311,7 @@ impl Limiter {
         let outcome = spec.bucket.decide(state.tat, now_ns, cost);
         let now = spec.bucket.scaled_now(now_ns);
         let collision =
-            state.fingerprint != 0 && state.fingerprint != placement.fingerprint && state.tat > now;
+            state.fingerprint != 0 && state.fingerprint != placement.tag() && state.tat > now;
         let (result, wait_ns) = match outcome {
             Outcome::Allow { .. } => (RuleResult::Allowed, 0),
             Outcome::Deny { wait_ns, .. } if spec.shadow => (RuleResult::ShadowLimited, wait_ns),
@@ -471,7 +479,7 @@ impl Limiter {
         let Outcome::Allow { new_tat, .. } = p.outcome else {
             return Commit::Done;
         };
-        let fingerprint = p.placement.fingerprint;
+        let fingerprint = p.placement.tag();
         for (j, read) in p.reads.iter().enumerate() {
             if j == p.decision || (read.slot.tat >= new_tat && !read.corrupt) {
                 continue;
@@ -510,7 +518,7 @@ impl Limiter {
         store: &dyn Store,
         key: &str,
         mut cas: Option<u32>,
-        fingerprint: u64,
+        fingerprint: u32,
         tat: u128,
         retries: &mut u32,
     ) -> bool {

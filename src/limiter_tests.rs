@@ -17,7 +17,7 @@ const NOW: u64 = 1_700_000_000 * S;
 
 fn limiter(json: &str) -> Limiter {
     let config = parse(json.as_bytes()).expect("valid config");
-    Limiter::new(&config, (1, 2))
+    Limiter::new(&config, (1, 2)).expect("no table id collision")
 }
 
 fn ready(json: &str) -> (Limiter, MemoryStore) {
@@ -119,8 +119,9 @@ fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_earlier_rules() {
     let l2 = l.clone();
     let armed = Rc::new(Cell::new(true));
     let flag = armed.clone();
+    let tenant_prefix = l.rules[1].prefix.clone();
     *store.before_set.borrow_mut() = Some(Box::new(move |s: &MemoryStore, key: &str| {
-        if flag.get() && key.contains("/tenant/") {
+        if flag.get() && key.starts_with(&tenant_prefix) {
             flag.set(false);
             *s.before_set.borrow_mut() = None;
             assert_eq!(l2.evaluate(s, NOW, &req("a")).verdict, Verdict::Allow);

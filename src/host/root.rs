@@ -81,7 +81,13 @@ impl RootContext for Root {
             error!("sluice: could not create the shared hash seed in shared data");
             return false;
         };
-        let limiter = Limiter::new(&config, seed);
+        let limiter = match Limiter::new(&config, seed) {
+            Ok(l) => l,
+            Err(e) => {
+                error!("sluice: {e}");
+                return false;
+            }
+        };
         match limiter.create_tables(&store) {
             Ok(created) if created > 0 => info!("sluice: created {created} shared-data slots"),
             Ok(_) => {}
