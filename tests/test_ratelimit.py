@@ -52,13 +52,13 @@ def test_429_after_the_burst_with_body_and_headers():
 
 
 def test_tokens_refill_over_time():
-    cfg = {"rate_limits": [{"name": "fast", "bucket": {"rate": 5, "period": "1s", "burst": 2}}]}
+    cfg = {"rate_limits": [{"name": "fast", "bucket": {"rate": 2, "period": "1s", "burst": 2}}]}
     with Stack(cfg) as s:
         c = http1.Conn(s.port)
         assert statuses([c.request() for _ in range(3)]) == [200, 200, 429]
-        time.sleep(0.25)  # one token every 200 ms
+        time.sleep(0.6)  # one token every 500 ms: one is back, the next is 400 ms away
         assert statuses([c.request() for _ in range(2)]) == [200, 429]
-        time.sleep(0.45)
+        time.sleep(1.1)  # two more tokens: the bucket is full again
         assert statuses([c.request() for _ in range(3)]) == [200, 200, 429]
 
 
