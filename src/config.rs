@@ -35,14 +35,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
-fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+pub(crate) fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),
         problem: problem.into(),
     }
 }
 
-mod raw {
+pub(crate) mod raw {
     use super::*;
 
     #[derive(Deserialize, Default)]
@@ -58,6 +58,8 @@ mod raw {
         pub failure_mode_deny: bool,
         #[serde(default)]
         pub max_cas_retries: Option<u32>,
+        #[serde(default)]
+        pub circuit_breakers: Vec<crate::breaker::config::RawBreaker>,
     }
 
     #[derive(Deserialize)]
@@ -218,6 +220,7 @@ pub struct Config {
     pub response: ResponseSpec,
     pub failure_mode_deny: bool,
     pub max_cas_retries: u32,
+    pub breakers: Vec<crate::breaker::BreakerSpec>,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -264,7 +267,23 @@ fn validate(raw: raw::Config) -> Result<Config, ConfigError> {
     if max_cas_retries == 0 || max_cas_retries > 1000 {
         return Err(err("max_cas_retries", "must be between 1 and 1000"));
     }
+    let mut breakers = Vec::with_capacity(raw.circuit_breakers.len());
+    for (i, b) in raw.circuit_breakers.into_iter().enumerate() {
+        let at = format!("circuit_breakers[{i}]");
+        let b = crate::breaker::config::validate(&at, b)?;
+        if breakers
+            .iter()
+            .any(|x: &crate::breaker::BreakerSpec| x.name == b.name)
+        {
+            return Err(err(
+                format!("{at}.name"),
+                format!("duplicate breaker name `{}`", b.name),
+            ));
+        }
+        breakers.push(b);
+    }
     Ok(Config {
+        breakers,
         domain,
         rules,
         response: validate_response(raw.response)?,
@@ -273,7 +292,7 @@ fn validate(raw: raw::Config) -> Result<Config, ConfigError> {
     })
 }
 
-fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty() {
         return Err(err(field, "must not be empty"));
     }
@@ -295,7 +314,7 @@ fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
+pub(crate) fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
     if value <= 0 {
         return Err(err(field, format!("must be greater than 0, got {value}")));
     }
@@ -423,7 +442,7 @@ pub(crate) fn header_name(field: &str, name: &str) -> Result<String, ConfigError
     Ok(name.to_ascii_lowercase())
 }
 
-fn validate_match(at: &str, raw: raw::RawMatch) -> Result<Match, ConfigError> {
+pub(crate) fn validate_match(at: &str, raw: raw::RawMatch) -> Result<Match, ConfigError> {
     if raw.path_prefix.is_some() && raw.path.is_some() {
         return Err(err(
             format!("{at}.match"),

@@ -15,6 +15,7 @@
     )
 )]
 
+pub mod breaker;
 pub mod bucket;
 pub mod codec;
 pub mod config;

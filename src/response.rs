@@ -28,12 +28,15 @@ pub struct Rejection {
     pub status: u32,
     pub headers: Vec<(&'static str, String)>,
     pub body: String,
-    /// For gRPC requests: grpc-status 8 (RESOURCE_EXHAUSTED) and this message.
+    /// For gRPC requests: this grpc-status and message instead.
+    pub grpc_status: u32,
     pub grpc_message: String,
 }
 
-/// gRPC status RESOURCE_EXHAUSTED.
+/// gRPC status RESOURCE_EXHAUSTED (rate limited).
 pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
+/// gRPC status UNAVAILABLE (circuit open, shed).
+pub const GRPC_UNAVAILABLE: u32 = 14;
 
 fn ceil_secs(ns: u64) -> u64 {
     ns / NS_PER_S + u64::from(ns % NS_PER_S != 0)
@@ -119,9 +122,35 @@ pub fn action(
                 status: spec.status,
                 headers,
                 body,
+                grpc_status: GRPC_RESOURCE_EXHAUSTED,
                 grpc_message: format!("rate limited by rule {name}; retry in {wait_ms} ms"),
             })
         }
+    }
+}
+
+/// The answer of an open (or half-open, probes taken) breaker: never
+/// earlier than the earliest probe time, plus jitter, and a header that
+/// tells it apart from an upstream 503.
+pub fn breaker_rejection(
+    name: &str,
+    status: u32,
+    wait_ms: u64,
+    half_open: bool,
+    spread_ns: u64,
+    rng: &mut SplitMix,
+) -> Rejection {
+    let retry_after = retry_after_secs(wait_ms.saturating_mul(NS_PER_MS), spread_ns, rng);
+    let state = if half_open { "half-open" } else { "open" };
+    Rejection {
+        status,
+        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", state.to_string())],
+        body: format!(
+            "{{\"error\":\"circuit_open\",\"breaker\":{},\"state\":\"{state}\",\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
+            json_str(name)
+        ),
+        grpc_status: GRPC_UNAVAILABLE,
+        grpc_message: format!("circuit {name} is {state}; retry in {wait_ms} ms"),
     }
 }
 

@@ -18,7 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
-STATS_TAG_REGEX = r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"
+STATS_TAGS = [
+    {"tag_name": "rule", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"},
+    {"tag_name": "breaker", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.breaker\.([A-Za-z0-9_-]+))$"},
+]
 
 _base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))
 _lock = threading.Lock()
@@ -98,30 +101,26 @@ def wasm_filter(plugin_config, wasm=WASM, vm_id="sluice"):
     }
 
 
-def front_bootstrap(port, admin_port, upstream_port, http_filters):
-    routes = [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}}]
+def cluster(name, port):
+    return {
+        "name": name,
+        "connect_timeout": "1s",
+        "type": "STATIC",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}],
+        },
+    }
+
+
+def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=()):
+    routes = routes or [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "stats_config": {"stats_tags": [{"tag_name": "rule", "regex": STATS_TAG_REGEX}]},
+        "stats_config": {"stats_tags": STATS_TAGS},
         "static_resources": {
             "listeners": [listener("front", port, hcm("front", routes, http_filters))],
-            "clusters": [
-                {
-                    "name": "upstream",
-                    "connect_timeout": "1s",
-                    "type": "STATIC",
-                    "load_assignment": {
-                        "cluster_name": "upstream",
-                        "endpoints": [
-                            {
-                                "lb_endpoints": [
-                                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}}}}
-                                ]
-                            }
-                        ],
-                    },
-                }
-            ],
+            "clusters": [cluster("upstream", upstream_port)] + [cluster(n, p) for n, p in extra_clusters],
         },
     }
 
@@ -194,12 +193,18 @@ class Envoy:
 class Stack:
     """An upstream Envoy and a front Envoy with sluice, started together."""
 
-    def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn"):
+    def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=()):
         self.port = free_port()
         self.upstream_port = free_port()
         self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
         filters = [wasm_filter(plugin_config)] + (extra_filters or [])
-        self.front = Envoy(front_bootstrap(self.port, free_port(), self.upstream_port, filters), concurrency, log_level)
+        clusters = [(n, p or self.upstream_port) for n, p in extra_clusters]
+        boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters, routes, clusters)
+        self.front = Envoy(boot, concurrency, log_level)
+
+    def upstream_requests(self):
+        """Requests the upstream Envoy has received."""
+        return self.upstream.stat("http.upstream.downstream_rq_total")
 
     def __enter__(self):
         self.upstream.__enter__()

@@ -1,8 +1,10 @@
-//! One HTTP stream: asks the core for a decision on the request headers and
-//! carries it out (a local reply, or headers added to the response).
+//! One HTTP stream: asks the core for decisions on the request headers
+//! (breakers first, so a fast-failed request spends no rate-limit token),
+//! carries them out, and reports the upstream's answer to the breakers.
 
-use super::root::Plugin;
+use super::plugin::Plugin;
 use super::store::SharedData;
+use crate::breaker::runtime::{Check, Outcome, Ticket};
 use crate::request::{Attribute, RequestView};
 use crate::response::{action, Action, Rejection};
 use log::debug;
@@ -15,6 +17,7 @@ use std::time::UNIX_EPOCH;
 pub struct Stream {
     plugin: Option<Rc<Plugin>>,
     response_headers: Vec<(&'static str, String)>,
+    tickets: Vec<Ticket>,
 }
 
 impl Stream {
@@ -22,12 +25,27 @@ impl Stream {
         Stream {
             plugin,
             response_headers: Vec::new(),
+            tickets: Vec::new(),
+        }
+    }
+
+    fn report(&mut self, outcome: impl Fn(&crate::breaker::FailureSpec) -> Outcome) {
+        let Some(plugin) = &self.plugin else { return };
+        if self.tickets.is_empty() {
+            return;
+        }
+        let now = now_ns() / 1_000_000;
+        for t in std::mem::take(&mut self.tickets) {
+            let Some(spec) = plugin.breaker_spec(t.breaker) else {
+                continue;
+            };
+            plugin.breaker_record(now, t, outcome(&spec.failure));
         }
     }
 }
 
 /// The current request, read lazily through host calls.
-struct HostRequest;
+pub(super) struct HostRequest;
 
 impl RequestView for HostRequest {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
@@ -46,7 +64,8 @@ impl RequestView for HostRequest {
     }
 }
 
-fn now_ns() -> u64 {
+/// Nanoseconds since the Unix epoch, from the host.
+pub(super) fn now_ns() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -59,13 +78,15 @@ fn is_grpc(req: &HostRequest) -> bool {
 }
 
 fn reject(req: &HostRequest, r: &Rejection) {
+    debug!("sluice: refused: {}", r.body);
     let result = if is_grpc(req) {
         let meta: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        hostcalls::send_grpc_response(
-            GrpcStatusCode::ResourceExhausted,
-            Some(&r.grpc_message),
-            meta,
-        )
+        let code = if r.grpc_status == crate::response::GRPC_UNAVAILABLE {
+            GrpcStatusCode::Unavailable
+        } else {
+            GrpcStatusCode::ResourceExhausted
+        };
+        hostcalls::send_grpc_response(code, Some(&r.grpc_message), meta)
     } else {
         let mut headers: Vec<(&str, &str)> =
             r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -77,32 +98,55 @@ fn reject(req: &HostRequest, r: &Rejection) {
     }
 }
 
+fn response_status() -> Option<u32> {
+    let v = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, ":status")
+        .ok()
+        .flatten()?;
+    std::str::from_utf8(&v).ok()?.parse().ok()
+}
+
 impl Context for Stream {}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
-        let Some(plugin) = &self.plugin else {
+        let Some(plugin) = self.plugin.clone() else {
             return HostAction::Continue;
         };
+        let req = HostRequest;
+        let now = now_ns();
+        if plugin.has_breakers() {
+            match plugin.breaker_check(now / 1_000_000, &req) {
+                Check::Pass(tickets) => self.tickets = tickets,
+                Check::FailFast {
+                    breaker,
+                    retry_after_ms,
+                    half_open,
+                } => {
+                    if let Some(r) = plugin.breaker_answer(breaker, retry_after_ms, half_open) {
+                        reject(&req, &r);
+                        return HostAction::Pause;
+                    }
+                }
+            }
+        }
         if plugin.limiter.rules.is_empty() {
             return HostAction::Continue;
         }
-        let req = HostRequest;
-        let eval = plugin.limiter.evaluate(&SharedData, now_ns(), &req);
+        let eval = plugin.limiter.evaluate(&SharedData, now, &req);
         plugin.metrics.record(&eval);
-        let decided = {
-            let Ok(mut rng) = plugin.rng.try_borrow_mut() else {
-                return HostAction::Continue;
-            };
-            action(&eval, &plugin.config.response, &plugin.policies, &mut rng)
+        let Ok(mut rng) = plugin.rng.try_borrow_mut() else {
+            return HostAction::Continue;
         };
+        let decided = action(&eval, &plugin.config.response, &plugin.policies, &mut rng);
+        drop(rng);
         match decided {
             Action::Continue { response_headers } => {
                 self.response_headers = response_headers;
                 HostAction::Continue
             }
             Action::Reject(r) => {
-                debug!("sluice: refused: {}", r.body);
+                // Refused before reaching the upstream: no verdict on it.
+                self.report(|_| Outcome::Ignored);
                 reject(&req, &r);
                 HostAction::Pause
             }
@@ -110,9 +154,22 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
+        if !self.tickets.is_empty() {
+            let status = response_status();
+            let details = hostcalls::get_property(vec!["response", "code_details"])
+                .ok()
+                .flatten();
+            self.report(|f| f.classify(status, details.as_deref()));
+        }
         for (name, value) in self.response_headers.drain(..) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value));
         }
         HostAction::Continue
+    }
+
+    fn on_log(&mut self) {
+        // The stream ended without response headers (client gone, reset):
+        // give back any probe claim without a verdict.
+        self.report(|_| Outcome::Ignored);
     }
 }

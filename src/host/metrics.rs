@@ -3,6 +3,7 @@
 //! and with the `stats_tags` shipped in `envoy/`, as
 //! `sluice_rl_<what>{rule="<rule>"}` in /stats/prometheus.
 
+use crate::breaker::Transition;
 use crate::limiter::{Evaluation, RuleResult};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -74,6 +75,90 @@ impl Metrics {
             if r.collision {
                 let _ = hostcalls::increment_metric(m.collisions, 1);
             }
+        }
+    }
+}
+
+/// Metric ids of one breaker, in this VM. Names are
+/// `sluice_cb_<what>.breaker.<name>` (tag `breaker` with the shipped
+/// `stats_tags`).
+#[derive(Default, Clone, Copy)]
+struct OneBreaker {
+    state: u32,
+    opened: u32,
+    half_opened: u32,
+    closed: u32,
+    reopened: u32,
+    fast_failed: u32,
+    probes: u32,
+}
+
+/// All breakers' metrics.
+#[derive(Default)]
+pub struct BreakerMetrics {
+    breakers: Vec<OneBreaker>,
+    store_failures: u32,
+}
+
+fn define_cb(kind: MetricType, what: &str, name: &str) -> u32 {
+    hostcalls::define_metric(kind, &format!("sluice_cb_{what}.breaker.{name}")).unwrap_or(0)
+}
+
+impl BreakerMetrics {
+    pub fn define(names: &[&str]) -> Self {
+        if names.is_empty() {
+            return Self::default();
+        }
+        let breakers = names
+            .iter()
+            .map(|name| OneBreaker {
+                state: define_cb(MetricType::Gauge, "state", name),
+                opened: define_cb(MetricType::Counter, "opened", name),
+                half_opened: define_cb(MetricType::Counter, "half_opened", name),
+                closed: define_cb(MetricType::Counter, "closed", name),
+                reopened: define_cb(MetricType::Counter, "reopened", name),
+                fast_failed: define_cb(MetricType::Counter, "fast_failed", name),
+                probes: define_cb(MetricType::Counter, "probes", name),
+            })
+            .collect();
+        let store_failures =
+            hostcalls::define_metric(MetricType::Counter, "sluice_cb_store_failures").unwrap_or(0);
+        BreakerMetrics {
+            breakers,
+            store_failures,
+        }
+    }
+
+    /// Counts a transition and sets the state gauge (0 closed, 1 open, 2 half-open).
+    pub fn transition(&self, breaker: usize, t: Transition) {
+        let Some(m) = self.breakers.get(breaker) else {
+            return;
+        };
+        let (counter, state) = match t {
+            Transition::Opened { .. } => (m.opened, 1),
+            Transition::Reopened { .. } => (m.reopened, 1),
+            Transition::HalfOpened => (m.half_opened, 2),
+            Transition::Closed => (m.closed, 0),
+        };
+        let _ = hostcalls::increment_metric(counter, 1);
+        let _ = hostcalls::record_metric(m.state, state);
+    }
+
+    pub fn fast_failed(&self, breaker: usize) {
+        if let Some(m) = self.breakers.get(breaker) {
+            let _ = hostcalls::increment_metric(m.fast_failed, 1);
+        }
+    }
+
+    pub fn probe(&self, breaker: usize) {
+        if let Some(m) = self.breakers.get(breaker) {
+            let _ = hostcalls::increment_metric(m.probes, 1);
+        }
+    }
+
+    pub fn store_failures(&self, n: u64) {
+        if n > 0 {
+            let _ = hostcalls::increment_metric(self.store_failures, n as i64);
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod http;
 mod metrics;
+mod plugin;
 mod root;
 mod store;
 

@@ -2,10 +2,12 @@
 //! the other VMs, creates the slot tables, and hands each HTTP stream the
 //! shared per-VM state.
 
-use super::http::Stream;
-use super::metrics::Metrics;
+use super::http::{now_ns, Stream};
+use super::metrics::{BreakerMetrics, Metrics};
+use super::plugin::Plugin;
 use super::store::SharedData;
-use crate::config::{self, Config};
+use crate::breaker::runtime::Breakers;
+use crate::config;
 use crate::limiter::Limiter;
 use crate::response::PolicyInfo;
 use crate::rng::SplitMix;
@@ -15,15 +17,6 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
 use std::rc::Rc;
-
-/// Everything a stream needs, derived once per configuration.
-pub struct Plugin {
-    pub config: Config,
-    pub limiter: Limiter,
-    pub policies: Vec<PolicyInfo>,
-    pub metrics: Metrics,
-    pub rng: RefCell<SplitMix>,
-}
 
 #[derive(Default)]
 pub struct Root {
@@ -103,23 +96,45 @@ impl RootContext for Root {
             .map(|(i, r)| (r.name.as_str(), limiter.table_len(i)))
             .collect();
         let metrics = Metrics::define(&tables);
+        let breakers = match Breakers::new(&config, seed) {
+            Ok(b) => b,
+            Err(e) => {
+                error!("sluice: {e}");
+                return false;
+            }
+        };
+        let names: Vec<&str> = config.breakers.iter().map(|b| b.name.as_str()).collect();
+        let breaker_metrics = BreakerMetrics::define(&names);
+        if !config.breakers.is_empty() {
+            // Merges each VM's batched successes even when traffic stops.
+            self.set_tick_period(std::time::Duration::from_millis(100));
+        }
         let policies = config
             .rules
             .iter()
             .map(|r| PolicyInfo::of(&r.name, &r.bucket))
             .collect();
         info!(
-            "sluice: configured {} rate-limit rule(s)",
-            config.rules.len()
+            "sluice: configured {} rate-limit rule(s), {} circuit breaker(s)",
+            config.rules.len(),
+            config.breakers.len()
         );
         self.plugin = Some(Rc::new(Plugin {
             config,
             limiter,
             policies,
             metrics,
+            breakers: RefCell::new(breakers),
+            breaker_metrics,
             rng: RefCell::new(SplitMix(random_u64())),
         }));
         true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(plugin) = &self.plugin {
+            plugin.breaker_flush(now_ns() / 1_000_000);
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

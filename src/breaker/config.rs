@@ -1,0 +1,275 @@
+//! Breaker settings: the JSON under `circuit_breakers[i]` and its validated
+//! form. Errors name the field by its JSON path, like the rate limits'.
+
+use super::runtime::Outcome;
+use crate::config::{
+    check_name, err, header_name, positive, raw::RawMatch, validate_match, ConfigError,
+};
+use crate::duration::{parse_duration, NS_PER_MS};
+use crate::matcher::Match;
+use serde::Deserialize;
+
+/// What identifies the protected dependency.
+#[derive(Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerKey {
+    /// The upstream cluster Envoy routed to (`xds.cluster_name`).
+    #[default]
+    Cluster,
+    /// The route name (`xds.route_name`).
+    Route,
+    /// A request header's value.
+    Header(String),
+}
+
+/// Which responses count as failures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureSpec {
+    /// Status classes (`5` for 5xx) counted as failures.
+    pub classes: Vec<u32>,
+    /// Individual statuses counted as failures (e.g. 429).
+    pub codes: Vec<u32>,
+    /// Envoy-side failures: connection failure, reset, upstream timeout.
+    pub local_failures: bool,
+}
+
+impl FailureSpec {
+    /// Whether an upstream status counts as a failure.
+    pub fn is_failure_status(&self, status: u32) -> bool {
+        self.classes.contains(&(status / 100)) || self.codes.contains(&status)
+    }
+
+    /// Classifies a response from its status and Envoy's response code
+    /// details: `via_upstream` is the upstream's own answer (judged by
+    /// status); `upstream_*` details (connection failure, reset, upstream
+    /// timeout) and `no_healthy_upstream` are Envoy-side upstream failures;
+    /// any other detail is a local reply by a filter (an authz denial, or
+    /// sluice itself) and says nothing about the upstream.
+    pub fn classify(&self, status: Option<u32>, details: Option<&[u8]>) -> Outcome {
+        let by_status = || match status {
+            Some(s) if self.is_failure_status(s) => Outcome::Failure,
+            Some(_) => Outcome::Success,
+            None => Outcome::Ignored,
+        };
+        match details {
+            None | Some(b"via_upstream") => by_status(),
+            Some(d)
+                if d.starts_with(b"upstream_")
+                    || d == b"no_healthy_upstream"
+                    || d == b"response_timeout" =>
+            {
+                if self.local_failures {
+                    Outcome::Failure
+                } else {
+                    Outcome::Ignored
+                }
+            }
+            Some(_) => Outcome::Ignored,
+        }
+    }
+}
+
+/// A validated breaker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerSpec {
+    pub name: String,
+    pub matcher: Match,
+    pub key: BreakerKey,
+    pub failure: FailureSpec,
+    /// Trip when failures * 1000 >= error_rate_permille * requests in the window.
+    pub error_rate_permille: u32,
+    pub window_ms: u64,
+    pub min_requests: u32,
+    pub consecutive_failures: Option<u32>,
+    pub open_base_ms: u64,
+    pub open_max_ms: u64,
+    pub open_multiplier: u32,
+    pub probes: u32,
+    pub successes_to_close: u32,
+    pub probe_timeout_ms: u64,
+    pub status: u32,
+    pub failure_mode_deny: bool,
+    pub max_keys: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    name: String,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    #[serde(default)]
+    key: BreakerKey,
+    #[serde(default)]
+    failure: Option<RawFailure>,
+    #[serde(default)]
+    error_rate: Option<f64>,
+    #[serde(default)]
+    window: Option<String>,
+    #[serde(default)]
+    min_requests: Option<i64>,
+    #[serde(default)]
+    consecutive_failures: Option<i64>,
+    #[serde(default)]
+    open: Option<RawOpen>,
+    #[serde(default)]
+    half_open: Option<RawHalfOpen>,
+    #[serde(default)]
+    status: Option<i64>,
+    #[serde(default)]
+    failure_mode_deny: bool,
+    #[serde(default)]
+    max_keys: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFailure {
+    statuses: Option<Vec<String>>,
+    local_failures: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOpen {
+    base: Option<String>,
+    max: Option<String>,
+    multiplier: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHalfOpen {
+    probes: Option<i64>,
+    successes_to_close: Option<i64>,
+    probe_timeout: Option<String>,
+}
+
+fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
+    let ns =
+        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
+    if ns < NS_PER_MS {
+        return Err(err(field, "must be at least 1ms"));
+    }
+    Ok(ns / NS_PER_MS)
+}
+
+fn count(field: String, value: Option<i64>, default: i64, max: i64) -> Result<u32, ConfigError> {
+    let v = positive(field.clone(), value.unwrap_or(default))?;
+    if v > max as u64 {
+        return Err(err(field, format!("must be at most {max}")));
+    }
+    Ok(v as u32)
+}
+
+fn failure(at: &str, raw: Option<RawFailure>) -> Result<FailureSpec, ConfigError> {
+    let raw = raw.unwrap_or(RawFailure {
+        statuses: None,
+        local_failures: None,
+    });
+    let mut spec = FailureSpec {
+        classes: Vec::new(),
+        codes: Vec::new(),
+        local_failures: raw.local_failures.unwrap_or(true),
+    };
+    let statuses = raw.statuses.unwrap_or_else(|| vec!["5xx".to_string()]);
+    for (j, s) in statuses.iter().enumerate() {
+        let field = format!("{at}.failure.statuses[{j}]");
+        let bytes = s.as_bytes();
+        match bytes {
+            [c @ b'1'..=b'5', b'x', b'x'] => spec.classes.push((c - b'0') as u32),
+            _ => match s.parse::<u32>() {
+                Ok(code) if (100..=599).contains(&code) => spec.codes.push(code),
+                _ => {
+                    return Err(err(
+                        field,
+                        format!("`{s}` is neither a status (100-599) nor a class like \"5xx\""),
+                    ))
+                }
+            },
+        }
+    }
+    Ok(spec)
+}
+
+/// Validates one breaker.
+pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
+    check_name(&format!("{at}.name"), &raw.name)?;
+    let key = match raw.key {
+        BreakerKey::Header(h) => BreakerKey::Header(header_name(&format!("{at}.key.header"), &h)?),
+        k => k,
+    };
+    let rate = raw.error_rate.unwrap_or(0.5);
+    if !(rate > 0.0 && rate <= 1.0) {
+        return Err(err(
+            format!("{at}.error_rate"),
+            format!("must be in (0, 1], got {rate}"),
+        ));
+    }
+    let open = raw.open.unwrap_or(RawOpen {
+        base: None,
+        max: None,
+        multiplier: None,
+    });
+    let open_base_ms = millis(format!("{at}.open.base"), open.base, "5s")?;
+    let open_max_ms = millis(format!("{at}.open.max"), open.max, "60s")?;
+    if open_max_ms < open_base_ms {
+        return Err(err(
+            format!("{at}.open.max"),
+            "must not be shorter than open.base",
+        ));
+    }
+    let half = raw.half_open.unwrap_or(RawHalfOpen {
+        probes: None,
+        successes_to_close: None,
+        probe_timeout: None,
+    });
+    let status = raw.status.unwrap_or(503);
+    if !(400..=599).contains(&status) {
+        return Err(err(
+            format!("{at}.status"),
+            format!("must be between 400 and 599, got {status}"),
+        ));
+    }
+    Ok(BreakerSpec {
+        matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
+        key,
+        failure: failure(at, raw.failure)?,
+        error_rate_permille: (rate * 1000.0).round().max(1.0) as u32,
+        window_ms: millis(format!("{at}.window"), raw.window, "10s")?,
+        min_requests: count(
+            format!("{at}.min_requests"),
+            raw.min_requests,
+            20,
+            1_000_000_000,
+        )?,
+        consecutive_failures: match raw.consecutive_failures {
+            None => None,
+            Some(n) => Some(count(
+                format!("{at}.consecutive_failures"),
+                Some(n),
+                1,
+                1_000_000_000,
+            )?),
+        },
+        open_base_ms,
+        open_max_ms,
+        open_multiplier: count(format!("{at}.open.multiplier"), open.multiplier, 2, 100)?,
+        probes: count(format!("{at}.half_open.probes"), half.probes, 1, 10_000)?,
+        successes_to_close: count(
+            format!("{at}.half_open.successes_to_close"),
+            half.successes_to_close,
+            1,
+            10_000,
+        )?,
+        probe_timeout_ms: millis(
+            format!("{at}.half_open.probe_timeout"),
+            half.probe_timeout,
+            "30s",
+        )?,
+        status: status as u32,
+        failure_mode_deny: raw.failure_mode_deny,
+        max_keys: count(format!("{at}.max_keys"), raw.max_keys, 100, 100_000)?,
+        name: raw.name,
+    })
+}

@@ -1,0 +1,430 @@
+//! Breakers in one VM: a per-VM cache of each key's shared state, refreshed
+//! at most every `sync_ms`, and compare-and-swap updates of the shared state.
+//!
+//! Cost per request is kept low on purpose: while closed, a request costs no
+//! shared-data call at all except one read per `sync_ms` per key; successes
+//! are counted locally and merged at most every `sync_ms` (or on the next
+//! failure, or on a tick); a failure is merged at once, so a trip happens on
+//! the failure that crosses the threshold. Every worker therefore sees a
+//! trip within `sync_ms` (20 ms) of it.
+
+use super::codec::{decode, encode};
+use super::{Admit, BreakerKey, BreakerSpec, State, Transition};
+use crate::config::{Config, ConfigError};
+use crate::request::{Attribute, RequestView};
+use crate::rng::SplitMix;
+use crate::siphash::SipHasher13;
+use crate::store::{Store, StoreError};
+use std::collections::HashMap;
+
+/// How often a VM re-reads a key's shared state and merges its successes.
+pub const SYNC_MS: u64 = 20;
+
+/// A breaker and the shared-data key prefix of its keys.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    pub spec: BreakerSpec,
+    pub prefix: String,
+}
+
+/// A request that passed a breaker and must report its outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub breaker: usize,
+    pub key: u64,
+    pub probe: bool,
+}
+
+/// The breakers' verdict on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Go on; report each ticket's outcome later.
+    Pass(Vec<Ticket>),
+    /// Fail fast.
+    FailFast {
+        breaker: usize,
+        retry_after_ms: u64,
+        half_open: bool,
+    },
+}
+
+/// How the upstream answered a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// No verdict on the upstream (refused by another mechanism, client gone).
+    Ignored,
+}
+
+/// A transition, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub breaker: usize,
+    pub transition: Transition,
+}
+
+struct Local {
+    state: State,
+    fetched_ms: Option<u64>,
+    pending: u32,
+    flushed_ms: u64,
+}
+
+/// All breakers of one configuration, in one VM.
+pub struct Breakers {
+    pub rules: Vec<Breaker>,
+    seed: (u64, u64),
+    max_retries: u32,
+    local: HashMap<(usize, u64), Local>,
+    tracked: Vec<u32>,
+    /// Counts of store errors and corrupt states seen (for metrics).
+    pub store_failures: u64,
+}
+
+fn table_id(domain: &str, spec: &BreakerSpec) -> u32 {
+    let mut h = SipHasher13::new(0x6272_6561_6b65, 0x7273);
+    h.write_field(domain.as_bytes());
+    h.write_field(format!("{spec:?}").as_bytes());
+    h.finish() as u32
+}
+
+impl Breakers {
+    /// Prepares the breakers; `seed` must be the same in every VM.
+    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
+        let mut rules: Vec<Breaker> = Vec::new();
+        for (i, spec) in config.breakers.iter().enumerate() {
+            let prefix = format!("cb{:08x}/", table_id(&config.domain, spec));
+            if rules.iter().any(|r| r.prefix == prefix) {
+                return Err(ConfigError {
+                    field: format!("circuit_breakers[{i}].name"),
+                    problem: "state id collision; rename it".into(),
+                });
+            }
+            rules.push(Breaker {
+                spec: spec.clone(),
+                prefix,
+            });
+        }
+        let tracked = vec![0; rules.len()];
+        Ok(Breakers {
+            rules,
+            seed,
+            max_retries: config.max_cas_retries,
+            local: HashMap::new(),
+            tracked,
+            store_failures: 0,
+        })
+    }
+
+    fn key_of(&self, spec: &BreakerSpec, req: &dyn RequestView) -> Option<u64> {
+        let value = match &spec.key {
+            BreakerKey::Cluster => req.attribute(Attribute::ClusterName),
+            BreakerKey::Route => req.attribute(Attribute::RouteName),
+            BreakerKey::Header(h) => req.header(h),
+        }?;
+        let mut h = SipHasher13::new(self.seed.0, self.seed.1);
+        h.write_field(&value);
+        Some(h.finish())
+    }
+
+    fn shared_key(&self, breaker: usize, key: u64) -> String {
+        let prefix = self.rules.get(breaker).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}{key:016x}")
+    }
+
+    /// Reads, changes and writes one key's shared state with CAS, retrying
+    /// conflicts; returns the new state and `f`'s result.
+    fn update<R>(
+        &mut self,
+        store: &dyn Store,
+        breaker: usize,
+        key: u64,
+        mut f: impl FnMut(&mut State) -> R,
+    ) -> Result<(State, R), StoreError> {
+        let name = self.shared_key(breaker, key);
+        for _ in 0..=self.max_retries {
+            let (old, cas) = match store.get(&name)? {
+                Some(e) => (
+                    decode(&e.bytes).unwrap_or_else(|_| {
+                        self.store_failures += 1;
+                        State::new()
+                    }),
+                    e.cas,
+                ),
+                None => (State::new(), None),
+            };
+            let mut new = old;
+            let r = f(&mut new);
+            if new == old {
+                return Ok((new, r));
+            }
+            match store.set(&name, &encode(&new), cas) {
+                Ok(()) => return Ok((new, r)),
+                Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::CasMismatch)
+    }
+
+    fn remember(&mut self, breaker: usize, key: u64, state: State, now_ms: u64) {
+        if let Some(l) = self.local.get_mut(&(breaker, key)) {
+            l.state = state;
+            l.fetched_ms = Some(now_ms);
+        }
+    }
+
+    /// Checks every matching breaker. A request failing fast at one breaker
+    /// gives back any probe it claimed at another.
+    pub fn check(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        req: &dyn RequestView,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) -> Check {
+        let mut tickets = Vec::new();
+        for b in 0..self.rules.len() {
+            let Some(rule) = self.rules.get(b) else {
+                continue;
+            };
+            if !rule.spec.matcher.matches(req) {
+                continue;
+            }
+            let Some(key) = self.key_of(&rule.spec, req) else {
+                continue;
+            };
+            let spec = rule.spec.clone();
+            match self.check_one(store, now_ms, b, key, &spec, events) {
+                Ok(Some(t)) => tickets.push(t),
+                Ok(None) => {}
+                Err(retry_after_ms) => {
+                    let half_open = retry_after_ms == 0;
+                    for t in tickets {
+                        self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+                    }
+                    return Check::FailFast {
+                        breaker: b,
+                        retry_after_ms: retry_after_ms.max(1),
+                        half_open,
+                    };
+                }
+            }
+        }
+        Check::Pass(tickets)
+    }
+
+    /// `Ok(ticket)` to pass, `Err(retry_after_ms)` to fail fast (0 meaning
+    /// half-open with no probe left).
+    fn check_one(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        b: usize,
+        key: u64,
+        spec: &BreakerSpec,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<Ticket>, u64> {
+        if !self.local.contains_key(&(b, key)) {
+            let Some(n) = self.tracked.get_mut(b) else {
+                return Ok(None);
+            };
+            if *n >= spec.max_keys {
+                return Ok(None); // beyond max_keys: not tracked, passes
+            }
+            *n += 1;
+            self.local.insert(
+                (b, key),
+                Local {
+                    state: State::new(),
+                    fetched_ms: None,
+                    pending: 0,
+                    flushed_ms: now_ms,
+                },
+            );
+        }
+        let stale = self.local.get(&(b, key)).is_some_and(|l| {
+            l.fetched_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= SYNC_MS)
+        });
+        if stale {
+            let fresh = match store.get(&self.shared_key(b, key)) {
+                Ok(Some(e)) => decode(&e.bytes).ok(),
+                Ok(None) => Some(State::new()),
+                Err(_) => None,
+            };
+            match fresh {
+                Some(s) => self.remember(b, key, s, now_ms),
+                None => {
+                    self.store_failures += 1;
+                    return if spec.failure_mode_deny {
+                        Err(1000)
+                    } else {
+                        Ok(None)
+                    };
+                }
+            }
+        }
+        let state = self
+            .local
+            .get(&(b, key))
+            .map(|l| l.state)
+            .unwrap_or_default();
+        match state.admit(spec, now_ms) {
+            Admit::Pass => Ok(Some(Ticket {
+                breaker: b,
+                key,
+                probe: false,
+            })),
+            Admit::FailFast { retry_after_ms } => Err(if state.phase == super::Phase::HalfOpen {
+                0
+            } else {
+                retry_after_ms
+            }),
+            Admit::TryProbe => match self.update(store, b, key, |s| s.claim_probe(spec, now_ms)) {
+                Ok((s, Ok(transition))) => {
+                    self.remember(b, key, s, now_ms);
+                    if let Some(t) = transition {
+                        events.push(Event {
+                            breaker: b,
+                            transition: t,
+                        });
+                    }
+                    Ok(Some(Ticket {
+                        breaker: b,
+                        key,
+                        probe: true,
+                    }))
+                }
+                Ok((s, Err(_))) => {
+                    self.remember(b, key, s, now_ms);
+                    Err(match s.admit(spec, now_ms) {
+                        Admit::FailFast { retry_after_ms } if s.phase == super::Phase::Open => {
+                            retry_after_ms
+                        }
+                        _ => 0,
+                    })
+                }
+                Err(_) => {
+                    self.store_failures += 1;
+                    if spec.failure_mode_deny {
+                        Err(1000)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            },
+        }
+    }
+
+    /// Reports a ticket's outcome.
+    pub fn record(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        t: Ticket,
+        outcome: Outcome,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(spec) = self.rules.get(t.breaker).map(|r| r.spec.clone()) else {
+            return;
+        };
+        if t.probe {
+            let result = self.update(store, t.breaker, t.key, |s| match outcome {
+                Outcome::Success => s.probe_result(&spec, now_ms, true, rng),
+                Outcome::Failure => s.probe_result(&spec, now_ms, false, rng),
+                Outcome::Ignored => {
+                    s.release_probe();
+                    None
+                }
+            });
+            self.finish(t.breaker, t.key, now_ms, result, events);
+            return;
+        }
+        let Some(local) = self.local.get_mut(&(t.breaker, t.key)) else {
+            return;
+        };
+        match outcome {
+            Outcome::Ignored => {}
+            Outcome::Success => {
+                local.pending = local.pending.saturating_add(1);
+                if now_ms.saturating_sub(local.flushed_ms) >= SYNC_MS {
+                    self.flush_one(store, now_ms, (t.breaker, t.key), 0, rng, events);
+                }
+            }
+            Outcome::Failure => self.flush_one(store, now_ms, (t.breaker, t.key), 1, rng, events),
+        }
+    }
+
+    fn flush_one(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        (b, key): (usize, u64),
+        failures: u32,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(spec) = self.rules.get(b).map(|r| r.spec.clone()) else {
+            return;
+        };
+        let Some(local) = self.local.get_mut(&(b, key)) else {
+            return;
+        };
+        let successes = std::mem::take(&mut local.pending);
+        local.flushed_ms = now_ms;
+        let result = self.update(store, b, key, |s| {
+            s.record(&spec, now_ms, successes, failures, rng)
+        });
+        self.finish(b, key, now_ms, result, events);
+    }
+
+    fn finish(
+        &mut self,
+        b: usize,
+        key: u64,
+        now_ms: u64,
+        result: Result<(State, Option<Transition>), StoreError>,
+        events: &mut Vec<Event>,
+    ) {
+        match result {
+            Ok((s, transition)) => {
+                self.remember(b, key, s, now_ms);
+                if let Some(t) = transition {
+                    events.push(Event {
+                        breaker: b,
+                        transition: t,
+                    });
+                }
+            }
+            Err(_) => self.store_failures += 1,
+        }
+    }
+
+    /// Merges successes counted locally for at least `SYNC_MS` (call on a tick).
+    pub fn flush(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let due: Vec<(usize, u64)> = self
+            .local
+            .iter()
+            .filter(|(_, l)| l.pending > 0 && now_ms.saturating_sub(l.flushed_ms) >= SYNC_MS)
+            .map(|(k, _)| *k)
+            .collect();
+        for (b, key) in due {
+            self.flush_one(store, now_ms, (b, key), 0, rng, events);
+        }
+    }
+
+    /// The cached phase of a key (for tests and metrics).
+    pub fn cached(&self, breaker: usize, key: u64) -> Option<State> {
+        self.local.get(&(breaker, key)).map(|l| l.state)
+    }
+}

@@ -1,0 +1,459 @@
+//! Breaker tests: the state machine under random outcome sequences, and the
+//! runtime with several simulated VMs sharing one store.
+
+use super::runtime::{Breakers, Check, Outcome, SYNC_MS};
+use super::*;
+use crate::config::parse;
+use crate::request::fake::FakeRequest;
+use crate::store::memory::MemoryStore;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn spec_from(json: &str) -> BreakerSpec {
+    let c = parse(json.as_bytes()).expect("valid");
+    c.breakers.into_iter().next().expect("one breaker")
+}
+
+fn default_spec() -> BreakerSpec {
+    spec_from(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":10,"error_rate":0.5,"window":"10s",
+        "open":{"base":"1s","max":"8s"},"half_open":{"probes":2,"successes_to_close":2}}]}"#,
+    )
+}
+
+#[test]
+fn defaults_are_documented_values() {
+    let s = spec_from(r#"{"circuit_breakers":[{"name":"b"}]}"#);
+    assert_eq!(
+        (s.error_rate_permille, s.window_ms, s.min_requests),
+        (500, 10_000, 20)
+    );
+    assert_eq!(
+        (s.open_base_ms, s.open_max_ms, s.open_multiplier),
+        (5_000, 60_000, 2)
+    );
+    assert_eq!((s.probes, s.successes_to_close, s.status), (1, 1, 503));
+    assert_eq!(s.key, BreakerKey::Cluster);
+    assert!(
+        s.failure.is_failure_status(503)
+            && !s.failure.is_failure_status(429)
+            && !s.failure.is_failure_status(404)
+    );
+    assert!(s.failure.local_failures);
+}
+
+#[test]
+fn bad_breaker_configs_name_the_field() {
+    for (json, field) in [
+        (
+            r#"{"circuit_breakers":[{"name":"b","error_rate":0}]}"#,
+            "circuit_breakers[0].error_rate",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","error_rate":1.5}]}"#,
+            "circuit_breakers[0].error_rate",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","min_requests":0}]}"#,
+            "circuit_breakers[0].min_requests",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","window":"10"}]}"#,
+            "circuit_breakers[0].window",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","open":{"base":"10s","max":"1s"}}]}"#,
+            "circuit_breakers[0].open.max",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["6xx"]}}]}"#,
+            "circuit_breakers[0].failure.statuses[0]",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","half_open":{"probes":0}}]}"#,
+            "circuit_breakers[0].half_open.probes",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","key":"pod"}]}"#,
+            "circuit_breakers[0].key",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b"},{"name":"b"}]}"#,
+            "circuit_breakers[1].name",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","status":200}]}"#,
+            "circuit_breakers[0].status",
+        ),
+    ] {
+        let e = parse(json.as_bytes()).expect_err(json);
+        assert_eq!(e.field, field, "{json}: {e}");
+    }
+}
+
+#[test]
+fn trips_on_error_rate_only_after_min_requests() {
+    let spec = default_spec();
+    let mut rng = SplitMix(1);
+    let mut s = State::new();
+    for i in 0..9 {
+        assert_eq!(
+            s.record(&spec, T0 + i, 0, 1, &mut rng),
+            None,
+            "tripped on {} requests",
+            i + 1
+        );
+    }
+    assert!(matches!(
+        s.record(&spec, T0 + 9, 0, 1, &mut rng),
+        Some(Transition::Opened { .. })
+    ));
+    assert_eq!(s.phase, Phase::Open);
+    assert!(s.until_ms >= T0 + 9 + 1000 && s.until_ms <= T0 + 9 + 1200);
+}
+
+#[test]
+fn old_failures_leave_the_window() {
+    let spec = default_spec();
+    let mut rng = SplitMix(1);
+    let mut s = State::new();
+    s.record(&spec, T0, 0, 9, &mut rng);
+    // 11 s later those failures are gone; 9 successes and 1 failure do not trip.
+    assert_eq!(s.record(&spec, T0 + 11_000, 9, 1, &mut rng), None);
+    assert_eq!(s.totals(&spec, T0 + 11_000), (9, 1));
+}
+
+#[test]
+fn consecutive_failures_trip_when_configured() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":1000,"consecutive_failures":3}]}"#,
+    );
+    let mut rng = SplitMix(2);
+    let mut s = State::new();
+    s.record(&spec, T0, 50, 2, &mut rng);
+    assert_eq!(s.consecutive, 2);
+    assert_eq!(s.record(&spec, T0, 1, 0, &mut rng), None);
+    assert_eq!(s.consecutive, 0);
+    s.record(&spec, T0, 0, 2, &mut rng);
+    assert!(matches!(
+        s.record(&spec, T0, 0, 1, &mut rng),
+        Some(Transition::Opened { .. })
+    ));
+}
+
+#[test]
+fn half_open_probes_close_or_reopen_for_longer() {
+    let spec = default_spec();
+    let mut rng = SplitMix(3);
+    let mut s = State::new();
+    s.record(&spec, T0, 0, 10, &mut rng);
+    let until = s.until_ms;
+    assert!(matches!(
+        s.admit(&spec, until - 1),
+        Admit::FailFast { retry_after_ms: 1 }
+    ));
+    assert_eq!(s.admit(&spec, until), Admit::TryProbe);
+    assert_eq!(
+        s.claim_probe(&spec, until),
+        Ok(Some(Transition::HalfOpened))
+    );
+    assert_eq!(s.claim_probe(&spec, until), Ok(None));
+    assert_eq!(s.claim_probe(&spec, until), Err(NoProbe), "only 2 probes");
+    assert_eq!(
+        s.probe_result(&spec, until + 5, false, &mut rng)
+            .map(|t| matches!(t, Transition::Reopened { .. })),
+        Some(true)
+    );
+    assert_eq!(s.trips, 2);
+    let second = s.until_ms - (until + 5);
+    assert!((2000..=2400).contains(&second), "{second}");
+    // Recovery: two successful probes close it with a fresh window.
+    let at = s.until_ms;
+    s.claim_probe(&spec, at).expect("probe");
+    s.claim_probe(&spec, at).expect("probe");
+    assert_eq!(s.probe_result(&spec, at + 1, true, &mut rng), None);
+    assert_eq!(
+        s.probe_result(&spec, at + 2, true, &mut rng),
+        Some(Transition::Closed)
+    );
+    assert_eq!(s, State::new());
+}
+
+#[test]
+fn lost_probe_claims_expire_after_the_probe_timeout() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":1,"half_open":{"probe_timeout":"2s"}}]}"#,
+    );
+    let mut rng = SplitMix(4);
+    let mut s = State::new();
+    s.record(&spec, T0, 0, 1, &mut rng);
+    let at = s.until_ms;
+    s.claim_probe(&spec, at).expect("probe");
+    assert_eq!(s.claim_probe(&spec, at + 1000), Err(NoProbe));
+    assert_eq!(s.claim_probe(&spec, at + 2001), Ok(None));
+}
+
+#[test]
+fn property_state_machine_invariants_under_random_sequences() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":5,"error_rate":0.3,"window":"1s",
+        "open":{"base":"100ms","max":"1s","multiplier":3},"half_open":{"probes":3,"successes_to_close":2}}]}"#,
+    );
+    let mut rng = SplitMix(99);
+    for _case in 0..300 {
+        let mut s = State::new();
+        let mut now = T0;
+        let mut claimed = 0u32;
+        for _ in 0..300 {
+            now += rng.below(60);
+            let before = s;
+            match rng.below(4) {
+                0 | 1 => {
+                    let (ok, bad) = (rng.below(3) as u32, rng.below(2) as u32);
+                    let (ps, pf) = before.totals(&spec, now);
+                    if let Some(Transition::Opened { open_ms }) =
+                        s.record(&spec, now, ok, bad, &mut rng)
+                    {
+                        assert!(
+                            ps + pf + (ok + bad) as u64 >= 5,
+                            "tripped below min_requests"
+                        );
+                        assert!((100..=120).contains(&open_ms), "{open_ms}");
+                        claimed = 0;
+                    }
+                }
+                2 => {
+                    if s.claim_probe(&spec, now).is_ok() {
+                        claimed += 1;
+                    }
+                }
+                _ => {
+                    if claimed > 0 {
+                        claimed -= 1;
+                        let ok = rng.below(2) == 0;
+                        if let Some(Transition::Reopened { open_ms }) =
+                            s.probe_result(&spec, now, ok, &mut rng)
+                        {
+                            let period = State::open_period_ms(&spec, s.trips);
+                            assert!(period >= State::open_period_ms(&spec, s.trips - 1));
+                            assert!(
+                                period <= 1000
+                                    && open_ms >= period
+                                    && open_ms <= period + period / 5
+                            );
+                            claimed = 0;
+                        }
+                    }
+                }
+            }
+            assert!(
+                s.in_flight <= spec.probes,
+                "more probes than allowed: {s:?}"
+            );
+            if s.phase == Phase::Closed {
+                assert_eq!(s.in_flight, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn codec_round_trips_and_rejects_corruption() {
+    let spec = default_spec();
+    let mut s = State::new();
+    s.record(&spec, T0, 3, 10, &mut SplitMix(5));
+    let bytes = codec::encode(&s);
+    assert_eq!(codec::decode(&bytes), Ok(s));
+    for i in 0..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        assert!(codec::decode(&bad).is_err(), "flip at {i}");
+    }
+    assert!(codec::decode(&bytes[..bytes.len() - 1]).is_err());
+    assert!(codec::decode(b"").is_err());
+}
+
+fn vms(json: &str, n: usize) -> (Vec<Breakers>, MemoryStore) {
+    let c = parse(json.as_bytes()).expect("valid");
+    (
+        (0..n)
+            .map(|_| Breakers::new(&c, (7, 8)).expect("ok"))
+            .collect(),
+        MemoryStore::default(),
+    )
+}
+
+fn to(cluster: &str) -> FakeRequest {
+    let mut r = FakeRequest::new("GET", "/");
+    r.attributes.insert("cluster", cluster.as_bytes().to_vec());
+    r
+}
+
+const RUNTIME: &str = r#"{"circuit_breakers":[{"name":"b","min_requests":10,"error_rate":0.5,
+    "open":{"base":"1s","max":"4s"},"half_open":{"probes":1}}]}"#;
+
+#[test]
+fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
+    let (mut vm, store) = vms(RUNTIME, 3);
+    let mut rng = SplitMix(6);
+    let mut ev = Vec::new();
+    // Everyone has seen the closed state.
+    for v in vm.iter_mut() {
+        assert!(matches!(
+            v.check(&store, T0, &to("a"), &mut rng, &mut ev),
+            Check::Pass(_)
+        ));
+    }
+    for i in 0..10 {
+        let Check::Pass(t) = vm[0].check(&store, T0 + 1, &to("a"), &mut rng, &mut ev) else {
+            panic!("{i}")
+        };
+        vm[0].record(&store, T0 + 1, t[0], Outcome::Failure, &mut rng, &mut ev);
+    }
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e.transition, Transition::Opened { .. })));
+    assert!(matches!(
+        vm[0].check(&store, T0 + 2, &to("a"), &mut rng, &mut ev),
+        Check::FailFast { .. }
+    ));
+    // Another VM may pass on its cached state for less than SYNC_MS, then fails fast.
+    assert!(matches!(
+        vm[1].check(&store, T0 + 1 + SYNC_MS, &to("a"), &mut rng, &mut ev),
+        Check::FailFast { .. }
+    ));
+    // A different cluster is unaffected.
+    assert!(matches!(
+        vm[2].check(&store, T0 + 100, &to("b"), &mut rng, &mut ev),
+        Check::Pass(_)
+    ));
+}
+
+#[test]
+fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
+    let (mut vm, store) = vms(RUNTIME, 4);
+    let mut rng = SplitMix(7);
+    let mut ev = Vec::new();
+    for _ in 0..10 {
+        let Check::Pass(t) = vm[0].check(&store, T0, &to("a"), &mut rng, &mut ev) else {
+            panic!()
+        };
+        vm[0].record(&store, T0, t[0], Outcome::Failure, &mut rng, &mut ev);
+    }
+    let later = T0 + 5_000;
+    let mut probes = Vec::new();
+    for round in 0..5 {
+        for v in vm.iter_mut() {
+            if let Check::Pass(t) = v.check(&store, later + round, &to("a"), &mut rng, &mut ev) {
+                probes.push(t);
+            }
+        }
+    }
+    assert_eq!(probes.len(), 1, "one probe across all VMs");
+    assert!(probes[0][0].probe);
+    vm[0].record(
+        &store,
+        later + 10,
+        probes[0][0],
+        Outcome::Success,
+        &mut rng,
+        &mut ev,
+    );
+    assert!(ev.iter().any(|e| e.transition == Transition::Closed));
+    assert!(matches!(
+        vm[3].check(&store, later + 10 + SYNC_MS, &to("a"), &mut rng, &mut ev),
+        Check::Pass(_)
+    ));
+}
+
+#[test]
+fn successes_are_batched_and_ignored_outcomes_do_not_count() {
+    let (mut vm, store) = vms(RUNTIME, 1);
+    let mut rng = SplitMix(8);
+    let mut ev = Vec::new();
+    for i in 0..100 {
+        let Check::Pass(t) = vm[0].check(&store, T0 + i / 10, &to("a"), &mut rng, &mut ev) else {
+            panic!()
+        };
+        vm[0].record(
+            &store,
+            T0 + i / 10,
+            t[0],
+            if i % 2 == 0 {
+                Outcome::Success
+            } else {
+                Outcome::Ignored
+            },
+            &mut rng,
+            &mut ev,
+        );
+    }
+    // 50 successes over 10 ms: no write yet (batched), then one merge on flush.
+    assert_eq!(store.sets.get(), 0);
+    vm[0].flush(&store, T0 + 100, &mut rng, &mut ev);
+    assert_eq!(store.sets.get(), 1);
+    let (ok, bad) = store
+        .map
+        .borrow()
+        .values()
+        .next()
+        .map(|(b, _)| {
+            codec::decode(b)
+                .expect("state")
+                .totals(&default_spec(), T0 + 100)
+        })
+        .expect("one key");
+    assert_eq!((ok, bad), (50, 0));
+}
+
+#[test]
+fn responses_are_classified_by_status_and_envoy_details() {
+    let f = default_spec().failure;
+    assert_eq!(
+        f.classify(Some(200), Some(b"via_upstream")),
+        Outcome::Success
+    );
+    assert_eq!(
+        f.classify(Some(503), Some(b"via_upstream")),
+        Outcome::Failure
+    );
+    assert_eq!(
+        f.classify(Some(429), Some(b"via_upstream")),
+        Outcome::Success
+    );
+    assert_eq!(
+        f.classify(Some(504), Some(b"upstream_response_timeout")),
+        Outcome::Failure
+    );
+    assert_eq!(
+        f.classify(
+            Some(503),
+            Some(b"upstream_reset_before_response_started{remote_connection_failure}")
+        ),
+        Outcome::Failure
+    );
+    assert_eq!(
+        f.classify(Some(503), Some(b"no_healthy_upstream")),
+        Outcome::Failure
+    );
+    assert_eq!(
+        f.classify(Some(403), Some(b"ext_authz_denied")),
+        Outcome::Ignored
+    );
+    assert_eq!(
+        f.classify(Some(429), Some(b"wasm_send_local_response")),
+        Outcome::Ignored
+    );
+    assert_eq!(f.classify(None, None), Outcome::Ignored);
+    let with_429 = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["5xx","429"],"local_failures":false}}]}"#).failure;
+    assert_eq!(
+        with_429.classify(Some(429), Some(b"via_upstream")),
+        Outcome::Failure
+    );
+    assert_eq!(
+        with_429.classify(Some(504), Some(b"upstream_response_timeout")),
+        Outcome::Ignored
+    );
+}

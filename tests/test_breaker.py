@@ -1,0 +1,148 @@
+"""End to end: circuit breaking in a real Envoy with 2 workers, against an
+upstream Envoy whose fault filter fails or delays requests on demand."""
+
+import json
+import threading
+import time
+
+import http1
+from harness import Stack, free_port
+
+FAIL = {"x-envoy-fault-abort-request": "503"}
+
+
+def breaker(**extra):
+    b = {"name": "backend", "min_requests": 10, "error_rate": 0.5,
+         "open": {"base": "1s", "max": "4s"}, "half_open": {"probes": 1}}
+    b.update(extra)
+    return b
+
+
+def wait_until(cond, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def trip(s, n=10, headers=FAIL, path="/"):
+    c = http1.Conn(s.port)
+    got = [c.request(path, headers).status for _ in range(n)]
+    c.close()
+    time.sleep(0.1)  # every worker re-reads shared state within 20 ms
+    return got
+
+
+def test_opens_on_error_rate_and_fails_fast_without_reaching_the_upstream():
+    with Stack({"circuit_breakers": [breaker(open={"base": "3s", "max": "4s"})]}) as s:
+        c = http1.Conn(s.port)
+        assert [c.request("/", FAIL).status for _ in range(9)] == [503] * 9  # below min_requests
+        assert c.request("/").status == 200  # 1 success in 10: 90% errors, trips
+        assert c.request("/", FAIL).status == 503  # 10 failures of 11: trips now
+        time.sleep(0.1)
+        before = s.upstream_requests()
+        got = [http1.get(s.port) for _ in range(20)]  # new connections: both workers
+        assert [r.status for r in got] == [503] * 20
+        assert s.upstream_requests() == before, "an open breaker let requests reach the upstream"
+        r = got[0]
+        assert r.header("x-sluice-circuit") == "open"
+        body = json.loads(r.body)
+        assert body["error"] == "circuit_open" and body["breaker"] == "backend"
+        assert int(r.header("retry-after")) * 1000 >= body["retry_after_ms"] > 2000
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 1
+        assert s.front.stat("wasmcustom.sluice_cb_fast_failed.breaker.backend") >= 20
+        assert s.front.stat("wasmcustom.sluice_cb_state.breaker.backend") == 1
+        assert 'sluice_cb_state{breaker="backend"} 1' in s.front.admin("/stats/prometheus")
+
+
+def test_a_small_sample_never_trips():
+    with Stack({"circuit_breakers": [breaker()]}) as s:
+        assert trip(s, n=9) == [503] * 9  # 100% errors, but only 9 requests
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 0
+        before = s.upstream_requests()
+        assert http1.get(s.port).status == 200  # still reaches the upstream
+        assert s.upstream_requests() == before + 1
+
+
+def test_exactly_one_probe_reaches_the_upstream_and_success_closes():
+    with Stack({"circuit_breakers": [breaker()]}) as s:
+        trip(s)
+        assert http1.get(s.port).status == 503
+        time.sleep(1.3)  # open 1 s plus up to 20% jitter
+        before = s.upstream_requests()
+        slow = {"x-envoy-fault-delay-request": "400"}  # the probe stays in flight
+        batches = [[http1.build("/", slow)] for _ in range(30)]  # one request per connection, all at once
+        got = [r.status for b in http1.burst(s.port, batches) for r in b]
+        assert s.upstream_requests() - before == 1, got
+        assert got.count(200) == 1 and got.count(503) == 29
+        assert s.front.stat("wasmcustom.sluice_cb_probes.breaker.backend") == 1
+        assert wait_until(lambda: http1.get(s.port).status == 200, 2)
+        assert s.front.stat("wasmcustom.sluice_cb_closed.breaker.backend") == 1
+
+
+def test_a_failed_probe_reopens_for_longer():
+    with Stack({"circuit_breakers": [breaker()]}) as s:
+        trip(s)
+        time.sleep(1.3)
+        r = http1.get(s.port, "/", FAIL)  # the probe fails
+        assert r.status == 503 and r.header("x-sluice-circuit") is None  # the upstream's own 503
+        time.sleep(0.1)
+        r = http1.get(s.port)
+        assert r.header("x-sluice-circuit") == "open"
+        wait = json.loads(r.body)["retry_after_ms"]
+        assert 1800 <= wait <= 2400, wait  # 2 s (doubled) plus up to 20%
+        assert s.front.stat("wasmcustom.sluice_cb_reopened.breaker.backend") == 1
+
+
+def test_route_timeouts_and_refused_connections_count_as_failures():
+    dead = free_port()  # nothing listens here
+    routes = [
+        {"name": "dead", "match": {"prefix": "/dead"}, "route": {"cluster": "dead", "timeout": "2s"}},
+        {"name": "slow", "match": {"prefix": "/slow"}, "route": {"cluster": "upstream", "timeout": "0.1s"}},
+        {"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}},
+    ]
+    cfg = {"circuit_breakers": [breaker(key="route", min_requests=3, failure={"statuses": ["500"]})]}
+    with Stack(cfg, routes=routes, extra_clusters=[("dead", dead)]) as s:
+        assert trip(s, n=3, headers={}, path="/dead") == [503] * 3
+        r = http1.get(s.port, "/dead")
+        assert r.header("x-sluice-circuit") == "open"
+        assert trip(s, n=3, headers={"x-envoy-fault-delay-request": "1000"}, path="/slow") == [504] * 3
+        assert http1.get(s.port, "/slow").header("x-sluice-circuit") == "open"
+        # Keyed by route: the default route is unaffected, and its upstream 503s
+        # are not failures for this breaker (only 500 and Envoy-side failures are).
+        assert trip(s, n=5, path="/") == [503] * 5
+        assert http1.get(s.port, "/").status == 200
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 2
+
+
+def test_a_healthy_second_cluster_is_unaffected():
+    routes = [
+        {"name": "other", "match": {"prefix": "/other"}, "route": {"cluster": "other", "timeout": "5s"}},
+        {"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}},
+    ]
+    with Stack({"circuit_breakers": [breaker()]}, routes=routes, extra_clusters=[("other", None)]) as s:
+        trip(s)
+        assert http1.get(s.port, "/").header("x-sluice-circuit") == "open"
+        assert [http1.get(s.port, "/other").status for _ in range(10)] == [200] * 10
+        # Failures on the other cluster are counted for it alone.
+        assert trip(s, n=10, path="/other") == [503] * 10
+        assert http1.get(s.port, "/other").header("x-sluice-circuit") == "open"
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 2
+
+
+def test_rate_limit_and_breaker_work_together():
+    cfg = {"rate_limits": [{"name": "rl", "bucket": {"rate": 1, "period": "1h", "burst": 12}}],
+           "circuit_breakers": [breaker()]}
+    with Stack(cfg) as s:
+        trip(s)  # 10 failures spend 10 tokens
+        got = [http1.get(s.port) for _ in range(5)]
+        assert all(r.header("x-sluice-circuit") == "open" for r in got)
+        time.sleep(1.3)
+        # Fast-failed requests spent nothing: 2 tokens are left for the probe and one more.
+        assert http1.get(s.port).status == 200  # the probe closes the breaker
+        assert http1.get(s.port).status == 200
+        r = http1.get(s.port)
+        assert r.status == 429  # refused by the limiter: not an upstream failure
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 1
