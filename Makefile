@@ -58,3 +58,9 @@ fmt:
 clean:
 	cargo clean
 	rm -rf $(VENV) .tools
+
+# An OCI image layout of the filter (target/oci), in the Wasm "compat" form
+# Istio pulls for a WasmPlugin `url: oci://...`; push it with skopeo or oras.
+.PHONY: oci
+oci: build
+	python3 scripts/oci.py --wasm $(WASM) --out target/oci

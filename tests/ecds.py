@@ -1,0 +1,236 @@
+"""Front Envoys whose sluice filter is delivered through ECDS (Extension
+Config Discovery), from a file the test rewrites, as Istio delivers a
+WasmPlugin (there over ADS; the resource and the filter are the same).
+
+`EcdsStack(config)` starts a direct-response upstream and a front Envoy
+whose HTTP filter `sluice` has `config_discovery` pointing at a file-based
+config source; `stack.push(config)` rewrites that file atomically (a temp
+file in the same directory, then rename), which is what Envoy's file watcher
+expects. Helpers here only build on harness.py.
+"""
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import http1
+from harness import WASM, Envoy, free_port, front_bootstrap, upstream_bootstrap
+
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+TEC_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+
+
+def plugin_config(configuration, name="sluice", root_id="sluice", vm_id="sluice", env=None,
+                  failure_policy=None, wasm=WASM):
+    """A Wasm HTTP filter config (envoy.extensions.filters.http.wasm.v3.Wasm)
+    with the plugin configuration as a JSON StringValue."""
+    vm = {"vm_id": vm_id, "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": str(wasm)}}}
+    if env:
+        vm["environment_variables"] = {"key_values": env}
+    cfg = {
+        "name": name,
+        "root_id": root_id,
+        "vm_config": vm,
+        "configuration": {
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": configuration if isinstance(configuration, str) else json.dumps(configuration),
+        },
+    }
+    if failure_policy:
+        cfg["failure_policy"] = failure_policy
+    return {"@type": WASM_TYPE, "config": cfg}
+
+
+def discovery_response(resource_name, wasm_config, version):
+    return {
+        "version_info": str(version),
+        "type_url": TEC_TYPE,
+        "resources": [{"@type": TEC_TYPE, "name": resource_name, "typed_config": wasm_config}],
+    }
+
+
+def ecds_filter(resource_name, path):
+    """An HCM http filter whose config comes from ECDS, read from `path`."""
+    return {
+        "name": resource_name,
+        "config_discovery": {
+            "config_source": {"path_config_source": {"path": str(path)}, "resource_api_version": "V3"},
+            "type_urls": [WASM_TYPE],
+        },
+    }
+
+
+def write_atomically(path, text):
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class EcdsStack:
+    """An upstream Envoy and a front Envoy whose wasm filter(s) come from ECDS.
+
+    `configuration` is a plugin configuration for one filter named
+    `resource_name`, or a dict {resource name: configuration} for several
+    filters in that order (each its own ECDS resource and file).
+    `wasm_config(configuration, name)` builds the Wasm typed config
+    (default: `plugin_config` with vm_id "sluice")."""
+
+    def __init__(self, configuration, resource_name="sluice", concurrency=2, log_level="info",
+                 wasm_config=None, stats_config=None):
+        self.wasm_config = wasm_config or (lambda c, name: plugin_config(c))
+        self.dir = tempfile.TemporaryDirectory(prefix="sluice-ecds-")
+        configs = configuration if isinstance(configuration, dict) and "__many__" in configuration else None
+        if configs is not None:
+            configs = {k: v for k, v in configuration.items() if k != "__many__"}
+        else:
+            configs = {resource_name: configuration}
+        self.resource_name = next(iter(configs))
+        self.paths = {name: Path(self.dir.name) / f"ecds-{i}.json" for i, name in enumerate(configs)}
+        self.versions = {name: 0 for name in configs}
+        for name, cfg in configs.items():
+            self.push(cfg, name)
+        self.port = free_port()
+        self.upstream_port = free_port()
+        self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
+        filters = [ecds_filter(name, path) for name, path in self.paths.items()]
+        boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters)
+        # xDS subscriptions, file-based ones included, need a node id and cluster.
+        boot["node"] = {"id": "sluice-test", "cluster": "sluice-test"}
+        if stats_config is not None:
+            boot["stats_config"] = stats_config
+        self.front = Envoy(boot, concurrency, log_level)
+
+    @property
+    def path(self):
+        return self.paths[self.resource_name]
+
+    def push(self, configuration, name=None):
+        """Writes a new DiscoveryResponse for resource `name`; returns its version."""
+        name = name or self.resource_name
+        self.versions[name] += 1
+        resp = discovery_response(name, self.wasm_config(configuration, name), self.versions[name])
+        write_atomically(self.paths[name], json.dumps(resp))
+        return self.versions[name]
+
+    def ecds_stat(self, what, name=None):
+        """extension_config_discovery.http_filter.<resource>.<what>."""
+        name = name or self.resource_name
+        return self.front.stat(f"extension_config_discovery.http_filter.{name}.{what}")
+
+    def wait_stat(self, what, at_least, timeout=20, name=None):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.ecds_stat(what, name) >= at_least:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def __enter__(self):
+        self.upstream.__enter__()
+        try:
+            self.front.__enter__()
+        except Exception:
+            self.upstream.__exit__()
+            self.dir.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.front.__exit__()
+        self.upstream.__exit__()
+        self.dir.cleanup()
+
+
+def several(configs):
+    """Marks {resource name: configuration} for EcdsStack: several filters."""
+    return dict(configs, __many__=True)
+
+
+class Load:
+    """A background thread sending requests in a loop on keep-alive
+    connections (reconnecting after any error), bounded in count and time.
+    Records (time, status or error text, rule header) for each request."""
+
+    def __init__(self, port, headers=None, path="/", max_requests=20000, max_seconds=60, pause=0.002,
+                 requests_per_connection=20):
+        self.port, self.headers, self.path = port, headers or {}, path
+        # New connections now and then, so that both workers see traffic.
+        self.requests_per_connection = requests_per_connection
+        self.max_requests, self.max_seconds, self.pause = max_requests, max_seconds, pause
+        self.results = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        end = time.time() + self.max_seconds
+        conn, used = None, 0
+        req = http1.build(self.path, self.headers)
+        while not self._stop.is_set() and time.time() < end and len(self.results) < self.max_requests:
+            try:
+                if conn is not None and used >= self.requests_per_connection:
+                    conn.close()
+                    conn = None
+                if conn is None:
+                    conn, used = http1.Conn(self.port, timeout=10), 0
+                used += 1
+                r = conn.send_all([req])[0]
+                rule = None
+                if r.status == 429:
+                    try:
+                        rule = json.loads(r.body).get("rule")
+                    except ValueError:
+                        rule = "?"
+                self.results.append((time.time(), r.status, rule))
+                if r.header("connection") == "close":
+                    conn.close()
+                    conn = None
+            except Exception as e:  # recorded: a test decides whether that is allowed
+                self.results.append((time.time(), f"error: {type(e).__name__}: {e}", None))
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.01)
+            if self.pause:
+                time.sleep(self.pause)
+        if conn is not None:
+            conn.close()
+
+    def since(self, t):
+        return [r for r in list(self.results) if r[0] >= t]
+
+    def wait_for(self, predicate, since, timeout):
+        """Polls until a result after `since` satisfies predicate(result);
+        returns that result or None."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for r in self.since(since):
+                if predicate(r):
+                    return r
+            time.sleep(0.02)
+        return None
+
+    def wait_count(self, n, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline and len(self.results) < n:
+            time.sleep(0.02)
+        return len(self.results) >= n
+
+    def unexpected(self, allowed):
+        """Results whose (status, rule) is not in `allowed`, e.g.
+        {(200, None), (429, "load")}; errors are always unexpected."""
+        return [r for r in list(self.results) if (r[1], r[2]) not in allowed]
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(self.max_seconds + 15)
