@@ -60,6 +60,8 @@ pub(crate) mod raw {
         pub max_cas_retries: Option<u32>,
         #[serde(default)]
         pub circuit_breakers: Vec<crate::breaker::config::RawBreaker>,
+        #[serde(default)]
+        pub shedders: Vec<crate::shed::config::RawShedder>,
     }
 
     #[derive(Deserialize)]
@@ -221,6 +223,7 @@ pub struct Config {
     pub failure_mode_deny: bool,
     pub max_cas_retries: u32,
     pub breakers: Vec<crate::breaker::BreakerSpec>,
+    pub shedders: Vec<crate::shed::ShedderSpec>,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -282,8 +285,24 @@ fn validate(raw: raw::Config) -> Result<Config, ConfigError> {
         }
         breakers.push(b);
     }
+    let mut shedders = Vec::with_capacity(raw.shedders.len());
+    for (i, sh) in raw.shedders.into_iter().enumerate() {
+        let at = format!("shedders[{i}]");
+        let sh = crate::shed::config::validate(&at, sh)?;
+        if shedders
+            .iter()
+            .any(|x: &crate::shed::ShedderSpec| x.name == sh.name)
+        {
+            return Err(err(
+                format!("{at}.name"),
+                format!("duplicate shedder name `{}`", sh.name),
+            ));
+        }
+        shedders.push(sh);
+    }
     Ok(Config {
         breakers,
+        shedders,
         domain,
         rules,
         response: validate_response(raw.response)?,

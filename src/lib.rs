@@ -26,6 +26,7 @@ pub mod matcher;
 pub mod request;
 pub mod response;
 pub mod rng;
+pub mod shed;
 pub mod siphash;
 pub mod store;
 

@@ -154,6 +154,28 @@ pub fn breaker_rejection(
     }
 }
 
+/// The answer to a request shed for overload: distinguishable from a rate
+/// limit (429) and a breaker (`x-sluice-circuit`) by `x-sluice-shed`.
+pub fn shed_rejection(
+    name: &str,
+    class: &str,
+    status: u32,
+    spread_ns: u64,
+    rng: &mut SplitMix,
+) -> Rejection {
+    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
+    Rejection {
+        status,
+        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-shed", class.to_string())],
+        body: format!(
+            "{{\"error\":\"overloaded\",\"shedder\":{},\"priority\":\"{class}\",\"retry_after_s\":{retry_after}}}",
+            json_str(name)
+        ),
+        grpc_status: GRPC_UNAVAILABLE,
+        grpc_message: format!("shed by {name} for overload ({class}); retry in {retry_after} s"),
+    }
+}
+
 /// The rate-limit headers for one rule. `reset_override` is the refusal's
 /// `Retry-After`, so a refused client is told one consistent time.
 fn rate_headers(

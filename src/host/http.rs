@@ -15,17 +15,35 @@ use std::rc::Rc;
 use std::time::UNIX_EPOCH;
 
 pub struct Stream {
+    id: u32,
     plugin: Option<Rc<Plugin>>,
     response_headers: Vec<(&'static str, String)>,
     tickets: Vec<Ticket>,
+    /// Latency-mode shedders to report the response latency to.
+    watched: Vec<usize>,
+    start_ms: u64,
 }
 
 impl Stream {
-    pub fn new(plugin: Option<Rc<Plugin>>) -> Self {
+    pub fn new(id: u32, plugin: Option<Rc<Plugin>>) -> Self {
         Stream {
+            id,
             plugin,
             response_headers: Vec::new(),
             tickets: Vec::new(),
+            watched: Vec::new(),
+            start_ms: 0,
+        }
+    }
+
+    /// The stream ended, whichever way: gives back any probe claim without
+    /// a verdict (client gone, reset) and any concurrency slot, exactly once.
+    fn end(&mut self) {
+        self.report(|_| Outcome::Ignored);
+        if let Some(plugin) = &self.plugin {
+            if plugin.has_shedders() {
+                plugin.shed_finish(self.id);
+            }
         }
     }
 
@@ -72,14 +90,16 @@ pub(super) fn now_ns() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn is_grpc(req: &HostRequest) -> bool {
-    req.header("content-type")
+fn is_grpc() -> bool {
+    HostRequest
+        .header("content-type")
         .is_some_and(|v| v.starts_with(b"application/grpc"))
 }
 
-fn reject(req: &HostRequest, r: &Rejection) {
+/// Answers the current stream (the effective context) with a local reply.
+pub(super) fn reject(r: &Rejection) {
     debug!("sluice: refused: {}", r.body);
-    let result = if is_grpc(req) {
+    let result = if is_grpc() {
         let meta: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let code = if r.grpc_status == crate::response::GRPC_UNAVAILABLE {
             GrpcStatusCode::Unavailable
@@ -105,7 +125,12 @@ fn response_status() -> Option<u32> {
     std::str::from_utf8(&v).ok()?.parse().ok()
 }
 
-impl Context for Stream {}
+impl Context for Stream {
+    fn on_done(&mut self) -> bool {
+        self.end();
+        true
+    }
+}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
@@ -123,34 +148,29 @@ impl HttpContext for Stream {
                     half_open,
                 } => {
                     if let Some(r) = plugin.breaker_answer(breaker, retry_after_ms, half_open) {
-                        reject(&req, &r);
+                        reject(&r);
                         return HostAction::Pause;
                     }
                 }
             }
         }
-        if plugin.limiter.rules.is_empty() {
-            return HostAction::Continue;
-        }
-        let eval = plugin.limiter.evaluate(&SharedData, now, &req);
-        plugin.metrics.record(&eval);
-        let Ok(mut rng) = plugin.rng.try_borrow_mut() else {
-            return HostAction::Continue;
-        };
-        let decided = action(&eval, &plugin.config.response, &plugin.policies, &mut rng);
-        drop(rng);
-        match decided {
-            Action::Continue { response_headers } => {
-                self.response_headers = response_headers;
-                HostAction::Continue
-            }
-            Action::Reject(r) => {
-                // Refused before reaching the upstream: no verdict on it.
-                self.report(|_| Outcome::Ignored);
-                reject(&req, &r);
-                HostAction::Pause
+        if !plugin.limiter.rules.is_empty() {
+            if let Some(action) = self.rate_limit(&plugin, now, &req) {
+                return action;
             }
         }
+        if plugin.has_shedders() {
+            self.start_ms = now / 1_000_000;
+            match plugin.shed_arrive(self.id, &req) {
+                Ok((true, watched)) => self.watched = watched,
+                Ok((false, _)) => return HostAction::Pause, // queued: resumed or shed later
+                Err(_) => {
+                    self.report(|_| Outcome::Ignored);
+                    return HostAction::Pause;
+                }
+            }
+        }
+        HostAction::Continue
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
@@ -161,6 +181,21 @@ impl HttpContext for Stream {
                 .flatten();
             self.report(|f| f.classify(status, details.as_deref()));
         }
+        if !self.watched.is_empty() {
+            if let Some(plugin) = &self.plugin {
+                let reported = self
+                    .watched
+                    .first()
+                    .and_then(|&s| plugin.config.shedders.get(s))
+                    .and_then(|spec| {
+                        let h = spec.latency.queue_time_header.as_deref()?;
+                        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, h)
+                            .ok()
+                            .flatten()
+                    });
+                plugin.shed_response(&self.watched, self.start_ms, reported);
+            }
+        }
         for (name, value) in self.response_headers.drain(..) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value));
         }
@@ -168,8 +203,31 @@ impl HttpContext for Stream {
     }
 
     fn on_log(&mut self) {
-        // The stream ended without response headers (client gone, reset):
-        // give back any probe claim without a verdict.
-        self.report(|_| Outcome::Ignored);
+        // The stream ended: give back any probe claim without a verdict
+        // (client gone, reset) and any concurrency slot, exactly once.
+        self.end();
+    }
+}
+
+impl Stream {
+    /// Applies the rate limits; `Some(action)` when the request was refused.
+    fn rate_limit(&mut self, plugin: &Plugin, now: u64, req: &HostRequest) -> Option<HostAction> {
+        let eval = plugin.limiter.evaluate(&SharedData, now, req);
+        plugin.metrics.record(&eval);
+        let mut rng = plugin.rng.try_borrow_mut().ok()?;
+        let decided = action(&eval, &plugin.config.response, &plugin.policies, &mut rng);
+        drop(rng);
+        match decided {
+            Action::Continue { response_headers } => {
+                self.response_headers = response_headers;
+                None
+            }
+            Action::Reject(r) => {
+                // Refused before reaching the upstream: no verdict on it.
+                self.report(|_| Outcome::Ignored);
+                reject(&r);
+                Some(HostAction::Pause)
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@ mod http;
 mod metrics;
 mod plugin;
 mod root;
+mod shedding;
 mod store;
 
 use proxy_wasm::types::LogLevel;

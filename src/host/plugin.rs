@@ -3,6 +3,7 @@
 //! per-VM caches, counting transitions, logging them).
 
 use super::metrics::{BreakerMetrics, Metrics};
+use super::shedding::ShedMetrics;
 use super::store::SharedData;
 use crate::breaker::runtime::{Breakers, Check, Event, Outcome, Ticket};
 use crate::breaker::{BreakerSpec, Transition};
@@ -11,8 +12,10 @@ use crate::limiter::Limiter;
 use crate::request::RequestView;
 use crate::response::{breaker_rejection, PolicyInfo, Rejection};
 use crate::rng::SplitMix;
+use crate::shed::Shedders;
 use log::{info, warn};
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// Everything a stream needs, derived once per configuration.
 pub struct Plugin {
@@ -22,6 +25,10 @@ pub struct Plugin {
     pub metrics: Metrics,
     pub breakers: RefCell<Breakers>,
     pub breaker_metrics: BreakerMetrics,
+    pub shedders: RefCell<Shedders>,
+    /// Concurrency slots held, by stream id (see `shedding`).
+    pub held: RefCell<HashMap<u32, Vec<usize>>>,
+    pub shed_metrics: ShedMetrics,
     pub rng: RefCell<SplitMix>,
 }
 

@@ -5,17 +5,20 @@
 use super::http::{now_ns, Stream};
 use super::metrics::{BreakerMetrics, Metrics};
 use super::plugin::Plugin;
+use super::shedding::ShedMetrics;
 use super::store::SharedData;
 use crate::breaker::runtime::Breakers;
 use crate::config;
 use crate::limiter::Limiter;
 use crate::response::PolicyInfo;
 use crate::rng::SplitMix;
+use crate::shed::Shedders;
 use crate::store::Store;
 use log::{error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 #[derive(Default)]
@@ -105,8 +108,25 @@ impl RootContext for Root {
         };
         let names: Vec<&str> = config.breakers.iter().map(|b| b.name.as_str()).collect();
         let breaker_metrics = BreakerMetrics::define(&names);
-        if !config.breakers.is_empty() {
-            // Merges each VM's batched successes even when traffic stops.
+        let shedders = match Shedders::new(&config, now_ns() / 1_000_000) {
+            Ok(s) => s,
+            Err(e) => {
+                error!("sluice: {e}");
+                return false;
+            }
+        };
+        if let Err(e) = shedders.create(&store) {
+            error!("sluice: could not create shedder counters in shared data: {e:?}");
+            return false;
+        }
+        let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
+        let shed_metrics = ShedMetrics::define(&names);
+        // Ticks merge each VM's batched breaker successes when traffic stops,
+        // and let queued requests in when a slot frees on another worker
+        // (polled every millisecond while a sluice queue is configured).
+        if config.shedders.iter().any(|s| s.concurrency.is_some()) {
+            self.set_tick_period(std::time::Duration::from_millis(1));
+        } else if !config.breakers.is_empty() || !config.shedders.is_empty() {
             self.set_tick_period(std::time::Duration::from_millis(100));
         }
         let policies = config
@@ -115,9 +135,10 @@ impl RootContext for Root {
             .map(|r| PolicyInfo::of(&r.name, &r.bucket))
             .collect();
         info!(
-            "sluice: configured {} rate-limit rule(s), {} circuit breaker(s)",
+            "sluice: configured {} rate-limit rule(s), {} circuit breaker(s), {} shedder(s)",
             config.rules.len(),
-            config.breakers.len()
+            config.breakers.len(),
+            config.shedders.len()
         );
         self.plugin = Some(Rc::new(Plugin {
             config,
@@ -126,6 +147,9 @@ impl RootContext for Root {
             metrics,
             breakers: RefCell::new(breakers),
             breaker_metrics,
+            shedders: RefCell::new(shedders),
+            held: RefCell::new(HashMap::new()),
+            shed_metrics,
             rng: RefCell::new(SplitMix(random_u64())),
         }));
         true
@@ -133,12 +157,17 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(plugin) = &self.plugin {
-            plugin.breaker_flush(now_ns() / 1_000_000);
+            if plugin.has_breakers() {
+                plugin.breaker_flush(now_ns() / 1_000_000);
+            }
+            if plugin.has_shedders() {
+                plugin.shed_wake(None);
+            }
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Stream::new(self.plugin.clone())))
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Stream::new(context_id, self.plugin.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

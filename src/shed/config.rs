@@ -1,0 +1,205 @@
+//! Shedder settings: the JSON under `shedders[i]` and its validated form.
+
+use crate::config::{
+    check_name, err, header_name, positive, raw::RawMatch, validate_match, ConfigError,
+};
+use crate::duration::{parse_duration, NS_PER_MS};
+use crate::matcher::Match;
+use serde::Deserialize;
+
+/// A request's priority class. Ordered: `Sheddable < Default < Critical`.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Sheddable,
+    Default,
+    Critical,
+}
+
+impl Class {
+    /// Parses a header value (case-insensitive).
+    pub fn parse(v: &[u8]) -> Option<Class> {
+        match v.to_ascii_lowercase().as_slice() {
+            b"critical" => Some(Class::Critical),
+            b"default" => Some(Class::Default),
+            b"sheddable" => Some(Class::Sheddable),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Critical => "critical",
+            Class::Default => "default",
+            Class::Sheddable => "sheddable",
+        }
+    }
+}
+
+/// sluice's own admission queue (a bulkhead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConcurrencySpec {
+    pub max: u32,
+    pub queue: u32,
+    pub max_wait_ms: u64,
+}
+
+/// Queue delay estimated from upstream latency over its no-load floor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencySpec {
+    pub floor_window_ms: u64,
+    /// Use this upstream response header (milliseconds) as the queue delay.
+    pub queue_time_header: Option<String>,
+}
+
+/// A validated shedder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShedderSpec {
+    pub name: String,
+    pub matcher: Match,
+    pub priority_header: Option<String>,
+    pub default_class: Class,
+    pub classes: Vec<(Match, Class)>,
+    pub concurrency: Option<ConcurrencySpec>,
+    pub latency: LatencySpec,
+    pub target_ms: u64,
+    pub interval_ms: u64,
+    pub status: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawShedder {
+    name: String,
+    #[serde(default, rename = "match")]
+    matcher: Option<RawMatch>,
+    #[serde(default)]
+    priority: Option<RawPriority>,
+    #[serde(default)]
+    concurrency: Option<RawConcurrency>,
+    #[serde(default)]
+    latency: Option<RawLatency>,
+    #[serde(default)]
+    target: Option<String>,
+    #[serde(default)]
+    interval: Option<String>,
+    #[serde(default)]
+    status: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPriority {
+    header: Option<String>,
+    default: Option<Class>,
+    #[serde(default)]
+    classes: Vec<RawClassRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClassRule {
+    #[serde(rename = "match")]
+    matcher: RawMatch,
+    class: Class,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConcurrency {
+    max: i64,
+    queue: Option<i64>,
+    max_wait: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLatency {
+    floor_window: Option<String>,
+    queue_time_header: Option<String>,
+}
+
+fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
+    let ns =
+        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
+    if ns < NS_PER_MS {
+        return Err(err(field, "must be at least 1ms"));
+    }
+    Ok(ns / NS_PER_MS)
+}
+
+/// Validates one shedder.
+pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
+    check_name(&format!("{at}.name"), &raw.name)?;
+    let priority = raw.priority.unwrap_or(RawPriority {
+        header: None,
+        default: None,
+        classes: Vec::new(),
+    });
+    let priority_header = match priority.header {
+        Some(h) => Some(header_name(&format!("{at}.priority.header"), &h)?),
+        None => None,
+    };
+    let mut classes = Vec::new();
+    for (j, c) in priority.classes.into_iter().enumerate() {
+        classes.push((
+            validate_match(&format!("{at}.priority.classes[{j}]"), c.matcher)?,
+            c.class,
+        ));
+    }
+    let concurrency = match raw.concurrency {
+        None => None,
+        Some(c) => {
+            let max = positive(format!("{at}.concurrency.max"), c.max)?;
+            let queue = c.queue.unwrap_or(max as i64 * 4);
+            if !(0..=100_000).contains(&queue) {
+                return Err(err(
+                    format!("{at}.concurrency.queue"),
+                    "must be between 0 and 100000",
+                ));
+            }
+            Some(ConcurrencySpec {
+                max: max.min(u32::MAX as u64) as u32,
+                queue: queue as u32,
+                max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
+            })
+        }
+    };
+    let latency = raw.latency.unwrap_or(RawLatency {
+        floor_window: None,
+        queue_time_header: None,
+    });
+    let target_ms = millis(format!("{at}.target"), raw.target, "5ms")?;
+    let interval_ms = millis(format!("{at}.interval"), raw.interval, "100ms")?;
+    if interval_ms <= target_ms {
+        return Err(err(format!("{at}.interval"), "must be longer than target"));
+    }
+    let status = raw.status.unwrap_or(503);
+    if !(400..=599).contains(&status) {
+        return Err(err(
+            format!("{at}.status"),
+            format!("must be between 400 and 599, got {status}"),
+        ));
+    }
+    Ok(ShedderSpec {
+        name: raw.name,
+        matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
+        priority_header,
+        default_class: priority.default.unwrap_or(Class::Default),
+        classes,
+        concurrency,
+        latency: LatencySpec {
+            floor_window_ms: millis(
+                format!("{at}.latency.floor_window"),
+                latency.floor_window,
+                "30s",
+            )?,
+            queue_time_header: match latency.queue_time_header {
+                Some(h) => Some(header_name(&format!("{at}.latency.queue_time_header"), &h)?),
+                None => None,
+            },
+        },
+        target_ms,
+        interval_ms,
+        status: status as u32,
+    })
+}

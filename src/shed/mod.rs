@@ -1,0 +1,475 @@
+//! Load shedding by queue latency (CoDel), priority-aware, with an optional
+//! concurrency limit and admission queue (a bulkhead).
+//!
+//! Two ways to measure queueing delay (see the README for when to use which):
+//! 1. sluice's own queue: a global in-flight limit kept in shared data; a
+//!    request over it waits, paused in the filter, in a bounded per-worker
+//!    queue; the time it waited is the delay, measured exactly.
+//! 2. latency over the floor: without a sluice queue, the delay is the
+//!    upstream latency minus its no-load floor (the minimum over a longer
+//!    window), or a queue time the upstream reports in a header.
+//!
+//! Invariants (tested): a concurrency slot is released exactly once per
+//! admitted request; the queue never exceeds its bound and nobody waits past
+//! `max_wait`; higher classes are admitted first and shed last.
+
+pub mod codel;
+pub mod config;
+#[cfg(test)]
+mod tests;
+
+use crate::config::{Config, ConfigError};
+use crate::request::RequestView;
+use crate::siphash::SipHasher13;
+use crate::store::{Store, StoreError};
+use codel::Codel;
+pub use config::{Class, ShedderSpec};
+use std::collections::VecDeque;
+
+/// A queued request: the host's stream id, its class, when it arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiter {
+    pub id: u32,
+    pub class: Class,
+    pub since_ms: u64,
+}
+
+/// What to do with an arriving request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Let it through; `slot` says whether it holds a concurrency slot to release.
+    Admit { slot: bool },
+    /// Pause it in the queue; `evicted` (a lower-priority waiter) must be shed.
+    Queue { evicted: Option<Waiter> },
+    /// Shed it now.
+    Shed,
+}
+
+/// What to do with a queued request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// Resume it; it waited `waited_ms` and holds a slot if `slot` (not
+    /// when the store failed and it was let through without one).
+    Resume { id: u32, waited_ms: u64, slot: bool },
+    /// Answer it with a shed response.
+    Shed { waiter: Waiter },
+}
+
+/// A change to the shared (in-flight, waiting) counter pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Take a free slot on arrival (only if nobody waits anywhere).
+    Direct,
+    /// A request starts waiting.
+    Enqueue,
+    /// A waiter takes a free slot.
+    Admit,
+    /// A waiter leaves without a slot (shed, or its client went away).
+    Leave,
+    /// An admitted request ends.
+    Release,
+}
+
+fn encode_counter((inflight, waiting): (u64, u64)) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (dst, src) in out.iter_mut().zip(
+        inflight
+            .to_le_bytes()
+            .into_iter()
+            .chain(waiting.to_le_bytes()),
+    ) {
+        *dst = src;
+    }
+    out
+}
+
+fn decode_counter(bytes: &[u8]) -> Option<(u64, u64)> {
+    let a: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    let b: [u8; 8] = bytes.get(8..16)?.try_into().ok()?;
+    (bytes.len() == 16).then(|| (u64::from_le_bytes(a), u64::from_le_bytes(b)))
+}
+
+/// A shedder and its shared in-flight counter key.
+#[derive(Debug, Clone)]
+pub struct Shedder {
+    pub spec: ShedderSpec,
+    pub inflight_key: String,
+}
+
+/// Per-worker state of one shedder.
+struct Local {
+    codel: Codel,
+    /// One FIFO per class, indexed by `Class as usize`.
+    queues: [VecDeque<Waiter>; 3],
+    floor_current: Option<u64>,
+    floor_previous: Option<u64>,
+    floor_rotated_ms: u64,
+}
+
+/// All shedders of one configuration, in one worker.
+pub struct Shedders {
+    pub rules: Vec<Shedder>,
+    local: Vec<Local>,
+    max_retries: u32,
+    /// Store errors and corrupt counters seen (for metrics).
+    pub store_failures: u64,
+    /// Overload state changes: (shedder, now overloaded).
+    pub changes: Vec<(usize, bool)>,
+}
+
+fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
+    let mut h = SipHasher13::new(0x7368_6564, 0x646572);
+    h.write_field(domain.as_bytes());
+    h.write_field(spec.name.as_bytes());
+    h.write_field(format!("{:?}", spec.concurrency).as_bytes());
+    h.finish() as u32
+}
+
+impl Shedders {
+    pub fn new(config: &Config, now_ms: u64) -> Result<Self, ConfigError> {
+        let mut rules: Vec<Shedder> = Vec::new();
+        for (i, spec) in config.shedders.iter().enumerate() {
+            let inflight_key = format!("sh{:08x}/inflight", table_id(&config.domain, spec));
+            if rules.iter().any(|r| r.inflight_key == inflight_key) {
+                return Err(ConfigError {
+                    field: format!("shedders[{i}].name"),
+                    problem: "state id collision; rename it".into(),
+                });
+            }
+            rules.push(Shedder {
+                spec: spec.clone(),
+                inflight_key,
+            });
+        }
+        let local = rules
+            .iter()
+            .map(|r| Local {
+                codel: Codel::new(
+                    r.spec.target_ms,
+                    r.spec.interval_ms,
+                    now_ms,
+                    r.spec.concurrency.is_some(),
+                ),
+                queues: Default::default(),
+                floor_current: None,
+                floor_previous: None,
+                floor_rotated_ms: now_ms,
+            })
+            .collect();
+        Ok(Shedders {
+            rules,
+            local,
+            max_retries: config.max_cas_retries,
+            store_failures: 0,
+            changes: Vec::new(),
+        })
+    }
+
+    /// The shedders matching a request, with the request's class in each.
+    pub fn classify(&self, req: &dyn RequestView) -> Vec<(usize, Class)> {
+        let mut out = Vec::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            if !r.spec.matcher.matches(req) {
+                continue;
+            }
+            let by_rule = r
+                .spec
+                .classes
+                .iter()
+                .find(|(m, _)| m.matches(req))
+                .map(|(_, c)| *c);
+            let by_header = || {
+                r.spec
+                    .priority_header
+                    .as_ref()
+                    .and_then(|h| req.header(h))
+                    .and_then(|v| Class::parse(&v))
+            };
+            out.push((
+                i,
+                by_rule.or_else(by_header).unwrap_or(r.spec.default_class),
+            ));
+        }
+        out
+    }
+
+    fn roll(&mut self, s: usize, now_ms: u64) {
+        if let Some(l) = self.local.get_mut(s) {
+            if let Some(state) = l.codel.roll(now_ms) {
+                self.changes.push((s, state));
+            }
+        }
+    }
+
+    fn note_shed(&mut self, s: usize, now_ms: u64) {
+        if let Some(l) = self.local.get_mut(s) {
+            if let Some(state) = l.codel.shed(now_ms) {
+                self.changes.push((s, state));
+            }
+        }
+    }
+
+    fn observe(&mut self, s: usize, now_ms: u64, delay_ms: u64) {
+        if let Some(l) = self.local.get_mut(s) {
+            if let Some(state) = l.codel.observe(now_ms, delay_ms) {
+                self.changes.push((s, state));
+            }
+        }
+    }
+
+    /// Whether the shedder is overloaded in this worker.
+    pub fn overloaded(&self, s: usize) -> bool {
+        self.local.get(s).is_some_and(|l| l.codel.overloaded)
+    }
+
+    /// Requests waiting in this worker's queue of shedder `s`.
+    pub fn queued(&self, s: usize) -> usize {
+        self.local
+            .get(s)
+            .map_or(0, |l| l.queues.iter().map(VecDeque::len).sum())
+    }
+
+    /// Applies `op` to the shared (in-flight, waiting) pair by CAS.
+    /// Returns whether the op took effect (admissions need a free slot).
+    fn counter(&mut self, store: &dyn Store, s: usize, op: Op) -> Result<bool, StoreError> {
+        let Some(rule) = self.rules.get(s) else {
+            return Ok(false);
+        };
+        let max = rule.spec.concurrency.as_ref().map_or(u32::MAX, |c| c.max) as u64;
+        let key = rule.inflight_key.clone();
+        for _ in 0..=self.max_retries {
+            let ((inflight, waiting), cas) = match store.get(&key)? {
+                Some(e) => match decode_counter(&e.bytes) {
+                    Some(v) => (v, e.cas),
+                    None => {
+                        self.store_failures += 1;
+                        ((0, 0), e.cas)
+                    }
+                },
+                None => ((0, 0), None),
+            };
+            let next = match op {
+                // A new request may take a free slot only if nobody waits
+                // on any worker: the queue is global in effect.
+                Op::Direct if inflight >= max || waiting > 0 => return Ok(false),
+                Op::Direct => (inflight + 1, waiting),
+                Op::Enqueue => (inflight, waiting + 1),
+                Op::Admit if inflight >= max => return Ok(false),
+                Op::Admit => (inflight + 1, waiting.saturating_sub(1)),
+                Op::Leave => (inflight, waiting.saturating_sub(1)),
+                Op::Release => (inflight.saturating_sub(1), waiting),
+            };
+            match store.set(&key, &encode_counter(next), cas) {
+                Ok(()) => return Ok(true),
+                Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::CasMismatch)
+    }
+
+    /// Creates the shared counters (at configuration).
+    pub fn create(&self, store: &dyn Store) -> Result<(), StoreError> {
+        for r in self.rules.iter().filter(|r| r.spec.concurrency.is_some()) {
+            if store.get(&r.inflight_key)?.is_none() {
+                store.set(&r.inflight_key, &encode_counter((0, 0)), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `Some(true)`: done; `Some(false)`: no slot; `None`: store trouble
+    /// (the request is then let through without a slot: fail open).
+    fn try_op(&mut self, store: &dyn Store, s: usize, op: Op) -> Option<bool> {
+        match self.counter(store, s, op) {
+            Ok(done) => Some(done),
+            Err(_) => {
+                self.store_failures += 1;
+                None
+            }
+        }
+    }
+
+    /// Decides on an arriving request of `class` (stream `id`).
+    pub fn arrive(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        id: u32,
+        class: Class,
+    ) -> Arrival {
+        self.roll(s, now_ms);
+        let Some(rule) = self.rules.get(s) else {
+            return Arrival::Admit { slot: false };
+        };
+        let Some(conc) = rule.spec.concurrency.clone() else {
+            let shed = self
+                .local
+                .get(s)
+                .is_some_and(|l| l.codel.shed_on_arrival(class));
+            return if shed {
+                Arrival::Shed
+            } else {
+                Arrival::Admit { slot: false }
+            };
+        };
+        // Waiters of a higher or equal class go first.
+        let ahead = self.local.get(s).map_or(0, |l| {
+            l.queues
+                .iter()
+                .skip(class as usize)
+                .map(VecDeque::len)
+                .sum::<usize>()
+        });
+        if ahead == 0 {
+            match self.try_op(store, s, Op::Direct) {
+                Some(true) => {
+                    self.observe(s, now_ms, 0);
+                    return Arrival::Admit { slot: true };
+                }
+                None => return Arrival::Admit { slot: false },
+                Some(false) => {}
+            }
+        }
+        let Some(l) = self.local.get_mut(s) else {
+            return Arrival::Shed;
+        };
+        if l.codel.threshold(class) == Some(0) || conc.queue == 0 {
+            l.codel.shed(now_ms);
+            return Arrival::Shed;
+        }
+        let mut evicted = None;
+        if l.queues.iter().map(VecDeque::len).sum::<usize>() >= conc.queue as usize {
+            // Full: make room by shedding the newest waiter of a lower class.
+            let victim = l
+                .queues
+                .iter_mut()
+                .take(class as usize)
+                .find(|q| !q.is_empty());
+            let popped = victim.and_then(VecDeque::pop_back);
+            l.codel.shed(now_ms);
+            match popped {
+                Some(w) => evicted = Some(w),
+                None => return Arrival::Shed,
+            }
+        }
+        if let Some(q) = l.queues.get_mut(class as usize) {
+            q.push_back(Waiter {
+                id,
+                class,
+                since_ms: now_ms,
+            });
+        }
+        if evicted.is_none() {
+            self.try_op(store, s, Op::Enqueue);
+        }
+        Arrival::Queue { evicted }
+    }
+
+    /// Sheds waiters past their limit and resumes as many as slots allow,
+    /// highest class first, oldest first within a class.
+    pub fn wake(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Vec<Wake> {
+        self.roll(s, now_ms);
+        let mut out = Vec::new();
+        let Some(max_wait) = self
+            .rules
+            .get(s)
+            .and_then(|r| r.spec.concurrency.as_ref())
+            .map(|c| c.max_wait_ms)
+        else {
+            return out;
+        };
+        let shed_before = out.len();
+        if let Some(l) = self.local.get_mut(s) {
+            for q in l.queues.iter_mut() {
+                q.retain(|w| {
+                    let limit = l
+                        .codel
+                        .threshold(w.class)
+                        .map_or(max_wait, |t| t.min(max_wait));
+                    let keep = now_ms.saturating_sub(w.since_ms) < limit.max(1);
+                    if !keep {
+                        out.push(Wake::Shed { waiter: *w });
+                    }
+                    keep
+                });
+            }
+        }
+        for _ in shed_before..out.len() {
+            self.note_shed(s, now_ms);
+            self.try_op(store, s, Op::Leave);
+        }
+        while self.queued(s) > 0 {
+            match self.try_op(store, s, Op::Admit) {
+                Some(false) => break,
+                got => {
+                    let Some(l) = self.local.get_mut(s) else {
+                        break;
+                    };
+                    let Some(w) = l.queues.iter_mut().rev().find_map(VecDeque::pop_front) else {
+                        break;
+                    };
+                    let waited_ms = now_ms.saturating_sub(w.since_ms);
+                    if got == Some(true) {
+                        self.observe(s, now_ms, waited_ms);
+                    }
+                    out.push(Wake::Resume {
+                        id: w.id,
+                        waited_ms,
+                        slot: got == Some(true),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Releases a concurrency slot (exactly once per admitted request: the
+    /// caller holds the `slot` flag and clears it).
+    pub fn release(&mut self, store: &dyn Store, s: usize) {
+        self.try_op(store, s, Op::Release);
+    }
+
+    /// Removes a waiter whose stream ended (client gone). Returns whether it was queued.
+    pub fn cancel(&mut self, store: &dyn Store, s: usize, id: u32) -> bool {
+        let Some(l) = self.local.get_mut(s) else {
+            return false;
+        };
+        let mut found = false;
+        for q in l.queues.iter_mut() {
+            let before = q.len();
+            q.retain(|w| w.id != id);
+            found |= q.len() != before;
+        }
+        if found {
+            self.try_op(store, s, Op::Leave);
+        }
+        found
+    }
+
+    /// Latency mode: records a response's upstream latency (or the queue
+    /// time the upstream reported) as a delay sample.
+    pub fn response(&mut self, now_ms: u64, s: usize, latency_ms: u64, reported_ms: Option<u64>) {
+        let Some(window) = self.rules.get(s).map(|r| r.spec.latency.floor_window_ms) else {
+            return;
+        };
+        let Some(l) = self.local.get_mut(s) else {
+            return;
+        };
+        // The floor is the minimum over the last one to two half-windows.
+        if now_ms.saturating_sub(l.floor_rotated_ms) >= window / 2 {
+            l.floor_previous = l.floor_current.take();
+            l.floor_rotated_ms = now_ms;
+        }
+        l.floor_current = Some(l.floor_current.map_or(latency_ms, |m| m.min(latency_ms)));
+        let floor = l
+            .floor_current
+            .into_iter()
+            .chain(l.floor_previous)
+            .min()
+            .unwrap_or(latency_ms);
+        let delay = reported_ms.unwrap_or(latency_ms.saturating_sub(floor));
+        self.observe(s, now_ms, delay);
+    }
+}

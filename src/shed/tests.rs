@@ -1,0 +1,330 @@
+//! Shedding tests: CoDel under scripted delay sequences, and the admission
+//! queue over a store shared by simulated workers.
+
+use super::codel::Codel;
+use super::*;
+use crate::config::parse;
+use crate::request::fake::FakeRequest;
+use crate::store::memory::MemoryStore;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const T0: u64 = 1_700_000_000_000;
+
+#[test]
+fn codel_enters_stays_and_leaves_on_the_interval_minimum() {
+    let mut c = Codel::new(5, 100, T0, false);
+    // A burst (one long delay, then short ones) is not a standing queue.
+    c.observe(T0 + 1, 50);
+    c.observe(T0 + 50, 1);
+    assert_eq!(c.roll(T0 + 100), None);
+    assert!(!c.overloaded);
+    // Every delay of an interval above target: overloaded at its end.
+    for t in (100..200).step_by(10) {
+        c.observe(T0 + t, 20);
+    }
+    assert_eq!(c.roll(T0 + 200), Some(true));
+    assert_eq!(c.threshold(Class::Sheddable), Some(0));
+    assert_eq!(c.threshold(Class::Default), Some(10));
+    assert_eq!(c.threshold(Class::Critical), None);
+    // Still standing: stays overloaded.
+    c.observe(T0 + 250, 30);
+    assert_eq!(c.roll(T0 + 300), None);
+    assert!(c.overloaded);
+    // One quick request in an interval: it leaves.
+    c.observe(T0 + 310, 30);
+    c.observe(T0 + 320, 2);
+    assert_eq!(c.roll(T0 + 400), Some(false));
+}
+
+#[test]
+fn codel_in_queue_mode_leaves_overload_only_when_the_queue_empties() {
+    let mut c = Codel::new(5, 100, T0, true);
+    for t in (0..100).step_by(10) {
+        c.observe(T0 + t, 20);
+    }
+    assert_eq!(c.roll(T0 + 100), Some(true));
+    // While shedding, admitted waits are cut short (some under target):
+    // the queue is still standing, so shedding goes on.
+    c.observe(T0 + 110, 1);
+    c.observe(T0 + 150, 9);
+    assert_eq!(c.roll(T0 + 200), None);
+    assert!(c.overloaded);
+    // A request admitted without waiting: the queue emptied.
+    c.observe(T0 + 250, 0);
+    assert_eq!(c.roll(T0 + 300), Some(false));
+}
+
+#[test]
+fn codel_never_sheds_the_first_sample_after_an_idle_period() {
+    let mut c = Codel::new(5, 100, T0, false);
+    for t in (0..100).step_by(10) {
+        c.observe(T0 + t, 40);
+    }
+    c.roll(T0 + 100);
+    assert!(c.overloaded);
+    // Nothing for a second, then a request: not overloaded any more.
+    assert_eq!(c.observe(T0 + 1_100, 40), Some(false));
+    assert_eq!(c.threshold(Class::Sheddable), None);
+    assert!(!c.shed_on_arrival(Class::Sheddable));
+}
+
+#[test]
+fn codel_arrival_shedding_respects_priorities() {
+    let mut c = Codel::new(5, 100, T0, false);
+    for t in (0..100).step_by(10) {
+        c.observe(T0 + t, 8);
+    }
+    c.roll(T0 + 100);
+    assert!(c.shed_on_arrival(Class::Sheddable));
+    assert!(
+        !c.shed_on_arrival(Class::Default),
+        "8 ms is under twice the target"
+    );
+    for t in (100..200).step_by(10) {
+        c.observe(T0 + t, 50);
+    }
+    c.roll(T0 + 200);
+    assert!(c.shed_on_arrival(Class::Default));
+    assert!(!c.shed_on_arrival(Class::Critical));
+}
+
+fn shedders(json: &str) -> (Shedders, MemoryStore) {
+    let c = parse(json.as_bytes()).expect("valid");
+    let s = Shedders::new(&c, T0).expect("ok");
+    let store = MemoryStore::default();
+    s.create(&store).expect("created");
+    (s, store)
+}
+
+const QUEUE: &str = r#"{"shedders":[{"name":"q","concurrency":{"max":2,"queue":3,"max_wait":"500ms"},
+    "priority":{"header":"x-priority"}}]}"#;
+
+fn counters(store: &MemoryStore) -> (u64, u64) {
+    let map = store.map.borrow();
+    let (bytes, _) = map.values().next().expect("counter");
+    super::decode_counter(bytes).expect("16 bytes")
+}
+
+fn inflight(store: &MemoryStore) -> u64 {
+    counters(store).0
+}
+
+#[test]
+fn the_limit_is_global_and_waiters_resume_in_priority_order() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE); // a second worker on the same store
+    assert_eq!(
+        a.arrive(&store, T0, 0, 1, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    assert_eq!(
+        b.arrive(&store, T0, 0, 2, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    assert_eq!(inflight(&store), 2);
+    assert_eq!(
+        a.arrive(&store, T0, 0, 3, Class::Sheddable),
+        Arrival::Queue { evicted: None }
+    );
+    assert_eq!(
+        a.arrive(&store, T0 + 1, 0, 4, Class::Default),
+        Arrival::Queue { evicted: None }
+    );
+    assert_eq!(
+        a.arrive(&store, T0 + 2, 0, 5, Class::Critical),
+        Arrival::Queue { evicted: None }
+    );
+    // Full: a critical arrival evicts the newest lowest-class waiter.
+    let full = a.arrive(&store, T0 + 3, 0, 6, Class::Critical);
+    assert_eq!(
+        full,
+        Arrival::Queue {
+            evicted: Some(Waiter {
+                id: 3,
+                class: Class::Sheddable,
+                since_ms: T0
+            })
+        }
+    );
+    // A sheddable arrival into a full queue of higher classes is shed.
+    assert_eq!(
+        a.arrive(&store, T0 + 3, 0, 7, Class::Sheddable),
+        Arrival::Shed
+    );
+    // Nobody may jump the queue on another worker while a waits.
+    assert_eq!(
+        b.arrive(&store, T0 + 3, 0, 8, Class::Critical),
+        Arrival::Queue { evicted: None }
+    );
+    assert!(b.cancel(&store, 0, 8));
+    // Worker b finishes a request: a slot frees; a's next wake takes it for the oldest critical.
+    b.release(&store, 0);
+    assert_eq!(
+        a.wake(&store, T0 + 4, 0),
+        vec![Wake::Resume {
+            id: 5,
+            waited_ms: 2,
+            slot: true
+        }]
+    );
+    a.release(&store, 0);
+    assert_eq!(
+        a.wake(&store, T0 + 5, 0),
+        vec![Wake::Resume {
+            id: 6,
+            waited_ms: 2,
+            slot: true
+        }]
+    );
+    assert_eq!(a.queued(0), 1);
+    assert_eq!(inflight(&store), 2);
+}
+
+#[test]
+fn nobody_waits_past_max_wait_and_cancelled_waiters_leave_the_queue() {
+    let (mut a, store) = shedders(QUEUE);
+    for id in 1..=2 {
+        a.arrive(&store, T0, 0, id, Class::Default);
+    }
+    a.arrive(&store, T0, 0, 3, Class::Default);
+    a.arrive(&store, T0 + 100, 0, 4, Class::Critical);
+    assert!(a.cancel(&store, 0, 3));
+    assert!(!a.cancel(&store, 0, 3));
+    assert_eq!(a.wake(&store, T0 + 499, 0), vec![]);
+    let shed = a.wake(&store, T0 + 600, 0);
+    assert_eq!(
+        shed,
+        vec![Wake::Shed {
+            waiter: Waiter {
+                id: 4,
+                class: Class::Critical,
+                since_ms: T0 + 100
+            }
+        }]
+    );
+    assert_eq!(a.queued(0), 0);
+}
+
+#[test]
+fn under_overload_sheddable_work_goes_first_and_critical_last() {
+    let (mut a, store) = shedders(QUEUE);
+    a.arrive(&store, T0, 0, 1, Class::Default);
+    a.arrive(&store, T0, 0, 2, Class::Default);
+    // A standing queue: every admission in an interval waited 30 ms.
+    for i in 0..5u32 {
+        let t = T0 + 110 + 20 * i as u64;
+        a.arrive(&store, t - 30, 0, 100 + i, Class::Default);
+        a.release(&store, 0);
+        assert!(matches!(
+            a.wake(&store, t, 0).as_slice(),
+            [Wake::Resume { .. }]
+        ));
+    }
+    a.wake(&store, T0 + 201, 0);
+    assert!(a.overloaded(0));
+    assert_eq!(
+        a.arrive(&store, T0 + 202, 0, 7, Class::Sheddable),
+        Arrival::Shed
+    );
+    assert_eq!(
+        a.arrive(&store, T0 + 202, 0, 8, Class::Default),
+        Arrival::Queue { evicted: None }
+    );
+    assert_eq!(
+        a.arrive(&store, T0 + 202, 0, 9, Class::Critical),
+        Arrival::Queue { evicted: None }
+    );
+    // Default waiters are shed after twice the target (10 ms); critical ones wait on.
+    let woken = a.wake(&store, T0 + 213, 0);
+    assert_eq!(
+        woken,
+        vec![Wake::Shed {
+            waiter: Waiter {
+                id: 8,
+                class: Class::Default,
+                since_ms: T0 + 202
+            }
+        }]
+    );
+    assert_eq!(a.queued(0), 1);
+}
+
+#[test]
+fn property_slots_are_conserved_across_random_workers() {
+    // Random arrivals, completions, cancellations and wakes on 3 workers:
+    // the shared counter always equals the slots held, never exceeds max.
+    let mut rng = crate::rng::SplitMix(3);
+    let (w0, store) = shedders(QUEUE);
+    let (w1, _) = shedders(QUEUE);
+    let (w2, _) = shedders(QUEUE);
+    let mut workers = [w0, w1, w2];
+    let mut held: Vec<(usize, u32)> = Vec::new();
+    let mut queued: Vec<(usize, u32)> = Vec::new();
+    let mut now = T0;
+    for id in 0..3000u32 {
+        now += rng.below(5);
+        let w = rng.below(3) as usize;
+        match rng.below(4) {
+            0 => {
+                let class =
+                    [Class::Sheddable, Class::Default, Class::Critical][rng.below(3) as usize];
+                match workers[w].arrive(&store, now, 0, id, class) {
+                    Arrival::Admit { slot: true } => held.push((w, id)),
+                    Arrival::Queue { evicted } => {
+                        queued.push((w, id));
+                        if let Some(e) = evicted {
+                            queued.retain(|q| q.1 != e.id);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            1 if !held.is_empty() => {
+                let (hw, _) = held.remove(rng.below(held.len() as u64) as usize);
+                workers[hw].release(&store, 0);
+            }
+            2 if !queued.is_empty() => {
+                let (qw, qid) = queued.remove(rng.below(queued.len() as u64) as usize);
+                assert!(workers[qw].cancel(&store, 0, qid));
+            }
+            _ => {
+                for wake in workers[w].wake(&store, now, 0) {
+                    match wake {
+                        Wake::Resume { id, slot, .. } => {
+                            assert!(slot);
+                            queued.retain(|q| q.1 != id);
+                            held.push((w, id));
+                        }
+                        Wake::Shed { waiter } => queued.retain(|q| q.1 != waiter.id),
+                    }
+                }
+            }
+        }
+        assert_eq!(counters(&store), (held.len() as u64, queued.len() as u64));
+        assert!(held.len() <= 2);
+        assert!(workers.iter().all(|x| x.queued(0) <= 3));
+    }
+}
+
+#[test]
+fn classes_come_from_rules_then_the_header_then_the_default() {
+    let (sh, _) = shedders(
+        r#"{"shedders":[{"name":"q","concurrency":{"max":1},"priority":{"header":"x-priority","default":"sheddable",
+        "classes":[{"match":{"path_prefix":"/admin"},"class":"critical"}]}}]}"#,
+    );
+    let class = |r: FakeRequest| sh.classify(&r)[0].1;
+    assert_eq!(
+        class(FakeRequest::new("GET", "/admin/x").with_header("x-priority", b"sheddable")),
+        Class::Critical
+    );
+    assert_eq!(
+        class(FakeRequest::new("GET", "/").with_header("x-priority", b"DEFAULT")),
+        Class::Default
+    );
+    assert_eq!(
+        class(FakeRequest::new("GET", "/").with_header("x-priority", b"\xffbogus")),
+        Class::Sheddable
+    );
+    assert_eq!(class(FakeRequest::new("GET", "/")), Class::Sheddable);
+}
