@@ -12,7 +12,7 @@ PY              := $(VENV)/bin/python
 WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
-.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean
+.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench
 
 all: build
 
@@ -64,3 +64,12 @@ clean:
 .PHONY: oci
 oci: build
 	python3 scripts/oci.py --wasm $(WASM) --out target/oci
+
+# Benchmark (bench/bench.py): no filter vs native local_ratelimit vs sluice,
+# interleaved rounds on localhost, about 6 minutes; writes
+# bench/results/latest.{json,md}. `make bench BENCH_ARGS=--breakdown` runs
+# the hot-path breakdown instead (bench/results/breakdown.{json,md}).
+BENCH_ARGS ?=
+bench: build $(ENVOY)
+	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
+	$(PY) bench/bench.py $(BENCH_ARGS)
