@@ -129,6 +129,8 @@ pub(crate) mod raw {
         pub ratelimit_headers: HeaderStyle,
         #[serde(default)]
         pub headers_on_allowed: bool,
+        #[serde(default)]
+        pub reason_header: Option<String>,
     }
 
     impl Default for Response {
@@ -138,6 +140,7 @@ pub(crate) mod raw {
                 retry_after_jitter: default_jitter(),
                 ratelimit_headers: HeaderStyle::default(),
                 headers_on_allowed: false,
+                reason_header: None,
             }
         }
     }
@@ -212,6 +215,8 @@ pub struct ResponseSpec {
     pub retry_after_jitter_ns: u64,
     pub ratelimit_headers: HeaderStyle,
     pub headers_on_allowed: bool,
+    /// If set, every sluice refusal names its mechanism and rule in this header.
+    pub reason_header: Option<String>,
 }
 
 /// The validated plugin configuration.
@@ -522,7 +527,12 @@ fn validate_response(raw: raw::Response) -> Result<ResponseSpec, ConfigError> {
     if jitter > 3_600 * NS_PER_S {
         return Err(err("response.retry_after_jitter", "must be at most 1h"));
     }
+    let reason_header = match raw.reason_header {
+        Some(h) => Some(header_name("response.reason_header", &h)?),
+        None => None,
+    };
     Ok(ResponseSpec {
+        reason_header,
         status: raw.status as u32,
         retry_after_jitter_ns: jitter,
         ratelimit_headers: raw.ratelimit_headers,

@@ -31,6 +31,9 @@ pub struct Rejection {
     /// For gRPC requests: this grpc-status and message instead.
     pub grpc_status: u32,
     pub grpc_message: String,
+    /// Mechanism and name, e.g. `ratelimit/per-client`, for the optional
+    /// reason header (`response.reason_header`).
+    pub reason: String,
 }
 
 /// gRPC status RESOURCE_EXHAUSTED (rate limited).
@@ -124,6 +127,7 @@ pub fn action(
                 body,
                 grpc_status: GRPC_RESOURCE_EXHAUSTED,
                 grpc_message: format!("rate limited by rule {name}; retry in {wait_ms} ms"),
+                reason: format!("ratelimit/{name}"),
             })
         }
     }
@@ -151,6 +155,7 @@ pub fn breaker_rejection(
         ),
         grpc_status: GRPC_UNAVAILABLE,
         grpc_message: format!("circuit {name} is {state}; retry in {wait_ms} ms"),
+        reason: format!("breaker/{name}"),
     }
 }
 
@@ -173,6 +178,7 @@ pub fn shed_rejection(
         ),
         grpc_status: GRPC_UNAVAILABLE,
         grpc_message: format!("shed by {name} for overload ({class}); retry in {retry_after} s"),
+        reason: format!("shed/{name}"),
     }
 }
 
@@ -237,6 +243,7 @@ mod tests {
             retry_after_jitter_ns: jitter,
             ratelimit_headers: style,
             headers_on_allowed: on_allowed,
+            reason_header: None,
         }
     }
 
@@ -303,6 +310,7 @@ mod tests {
             r#"{"error":"rate_limited","rule":"r","retry_after_ms":2500,"retry_after_s":3}"#
         );
         assert!(r.grpc_message.contains("rule r"));
+        assert_eq!(r.reason, "ratelimit/r");
     }
 
     #[test]

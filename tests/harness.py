@@ -21,6 +21,7 @@ ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
 STATS_TAGS = [
     {"tag_name": "rule", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"},
     {"tag_name": "breaker", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.breaker\.([A-Za-z0-9_-]+))$"},
+    {"tag_name": "shedder", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.shedder\.([A-Za-z0-9_-]+))$"},
 ]
 
 _base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))

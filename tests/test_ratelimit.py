@@ -237,3 +237,16 @@ def test_memory_stays_bounded_with_100k_distinct_keys_and_a_hot_key_stays_limite
         # 100,000 shared-data keys would take well over 10 MB.
         print("heap growth", grown, "hot", hot)
         assert grown < 3_000_000, grown
+
+
+def test_an_optional_header_names_the_refusing_mechanism_and_rule():
+    cfg = {"rate_limits": [rule("login", 1)], "response": {"reason_header": "x-sluice-reason"}}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert c.request().header("x-sluice-reason") is None  # admitted: nothing
+        assert c.request().header("x-sluice-reason") == "ratelimit/login"
+    with Stack({"rate_limits": [rule("login", 1)]}) as s:  # off by default
+        c = http1.Conn(s.port)
+        c.request()
+        r = c.request()
+        assert r.status == 429 and r.header("x-sluice-reason") is None

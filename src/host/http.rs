@@ -97,10 +97,14 @@ fn is_grpc() -> bool {
 }
 
 /// Answers the current stream (the effective context) with a local reply.
-pub(super) fn reject(r: &Rejection) {
+pub(super) fn reject(r: &Rejection, reason_header: Option<&str>) {
     debug!("sluice: refused: {}", r.body);
+    let mut pairs: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    if let Some(name) = reason_header {
+        pairs.push((name, r.reason.as_str()));
+    }
     let result = if is_grpc() {
-        let meta: Vec<(&str, &[u8])> = r.headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        let meta: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let code = if r.grpc_status == crate::response::GRPC_UNAVAILABLE {
             GrpcStatusCode::Unavailable
         } else {
@@ -108,10 +112,8 @@ pub(super) fn reject(r: &Rejection) {
         };
         hostcalls::send_grpc_response(code, Some(&r.grpc_message), meta)
     } else {
-        let mut headers: Vec<(&str, &str)> =
-            r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        headers.push(("content-type", "application/json"));
-        hostcalls::send_http_response(r.status, headers, Some(r.body.as_bytes()))
+        pairs.push(("content-type", "application/json"));
+        hostcalls::send_http_response(r.status, pairs, Some(r.body.as_bytes()))
     };
     if let Err(e) = result {
         log::warn!("sluice: could not send the local reply: {e:?}");
@@ -148,7 +150,7 @@ impl HttpContext for Stream {
                     half_open,
                 } => {
                     if let Some(r) = plugin.breaker_answer(breaker, retry_after_ms, half_open) {
-                        reject(&r);
+                        reject(&r, plugin.config.response.reason_header.as_deref());
                         return HostAction::Pause;
                     }
                 }
@@ -225,7 +227,7 @@ impl Stream {
             Action::Reject(r) => {
                 // Refused before reaching the upstream: no verdict on it.
                 self.report(|_| Outcome::Ignored);
-                reject(&r);
+                reject(&r, plugin.config.response.reason_header.as_deref());
                 Some(HostAction::Pause)
             }
         }

@@ -112,7 +112,7 @@ impl Plugin {
         if let Some(id) = id {
             let _ = hostcalls::set_effective_context(id);
         }
-        reject(&r);
+        reject(&r, self.config.response.reason_header.as_deref());
     }
 
     fn hold(&self, id: u32, s: usize) {
