@@ -11,6 +11,7 @@ use log::debug;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action as HostAction, GrpcStatusCode, MapType};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::UNIX_EPOCH;
 
@@ -62,23 +63,50 @@ impl Stream {
     }
 }
 
-/// The current request, read lazily through host calls.
-pub(super) struct HostRequest;
+/// The current request, read lazily through host calls. Each header and
+/// attribute is fetched from the host at most once per request, however
+/// many rules look at it (every host call that returns a value also calls
+/// back into the VM to allocate it).
+#[derive(Default)]
+pub(super) struct HostRequest {
+    headers: RefCell<Vec<(String, Option<Vec<u8>>)>>,
+    attributes: RefCell<[Option<Option<Vec<u8>>>; 3]>,
+}
 
 impl RequestView for HostRequest {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+        if let Ok(cache) = self.headers.try_borrow() {
+            if let Some((_, v)) = cache.iter().find(|(n, _)| n == name) {
+                return v.clone();
+            }
+        }
+        let v = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .ok()
-            .flatten()
+            .flatten();
+        if let Ok(mut cache) = self.headers.try_borrow_mut() {
+            cache.push((name.to_string(), v.clone()));
+        }
+        v
     }
 
     fn attribute(&self, attr: Attribute) -> Option<Vec<u8>> {
-        let path = match attr {
-            Attribute::ClientAddress => vec!["source", "address"],
-            Attribute::RouteName => vec!["xds", "route_name"],
-            Attribute::ClusterName => vec!["xds", "cluster_name"],
+        let (slot, path) = match attr {
+            Attribute::ClientAddress => (0, ["source", "address"]),
+            Attribute::RouteName => (1, ["xds", "route_name"]),
+            Attribute::ClusterName => (2, ["xds", "cluster_name"]),
         };
-        hostcalls::get_property(path).ok().flatten()
+        if let Ok(cache) = self.attributes.try_borrow() {
+            if let Some(Some(v)) = cache.get(slot) {
+                return v.clone();
+            }
+        }
+        let v = hostcalls::get_property(path.to_vec()).ok().flatten();
+        if let Ok(mut cache) = self.attributes.try_borrow_mut() {
+            if let Some(entry) = cache.get_mut(slot) {
+                *entry = Some(v.clone());
+            }
+        }
+        v
     }
 }
 
@@ -91,7 +119,7 @@ pub(super) fn now_ns() -> u64 {
 }
 
 fn is_grpc() -> bool {
-    HostRequest
+    HostRequest::default()
         .header("content-type")
         .is_some_and(|v| v.starts_with(b"application/grpc"))
 }
@@ -139,7 +167,7 @@ impl HttpContext for Stream {
         let Some(plugin) = self.plugin.clone() else {
             return HostAction::Continue;
         };
-        let req = HostRequest;
+        let req = HostRequest::default();
         let now = now_ns();
         if plugin.has_breakers() {
             match plugin.breaker_check(now / 1_000_000, &req) {
