@@ -343,6 +343,30 @@ def exactness(kind, upstream_port):
 
 # ---------------------------------------------------------------- report
 
+def overload(seconds=4, clients=8):
+    """Goodput and p99 under 2x overload, with and without a sluice shedder:
+    an upstream serving 4 requests at a time (20 ms each) driven by 8
+    closed-loop clients (tests/test_shed.py's stack and load)."""
+    import test_shed  # noqa: E402  (tests/ is on sys.path)
+
+    shedder = {"shedders": [{"name": "api", "concurrency": {"max": 4, "queue": 64, "max_wait": "500ms"},
+                             "target": "5ms", "interval": "100ms"}]}
+    out = []
+    for label, cfg in (("without sluice", None), ("with sluice shedder", shedder)):
+        with test_shed.SlowStack(cfg) as st:
+            got = test_shed.load(st.port, seconds, clients=clients)
+        steady = [r for r in got if r[4] > 0.5]
+        ok = [r[1] for r in steady if r[0] == 200]
+        out.append({"setup": label, "clients": clients, "capacity": 4, "service_ms": test_shed.SLOW_MS,
+                    "goodput_rps": len(ok) / (seconds - 0.5), "shed_rps": (len(steady) - len(ok)) / (seconds - 0.5),
+                    "p50_ms": statistics.median(ok) * 1000 if ok else None,
+                    "p99_ms": test_shed.p99(ok) * 1000 if ok else None})
+        r = out[-1]
+        print(f"  {label:<20} goodput {r['goodput_rps']:.0f}/s, shed {r['shed_rps']:.0f}/s, "
+              f"admitted p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms", flush=True)
+    return out
+
+
 def fmt_ratio(x):
     return "-" if x is None else f"{x:.2f}"
 
@@ -556,8 +580,11 @@ def main():
             print(f"  {kind:<7} 200s: {r['ok']}, 429s: {r['refused']}, over-admission {r['over_admission']}"
                   + (f", CAS retries {r['cas_retries']}" if kind == "sluice" else ""), flush=True)
 
+    print(f"\nOverload: 8 clients on an upstream serving 4 at a time (2x), 4 s, --concurrency 2")
+    over = overload()
+
     g = goals(agg, pagg, acc, exact, {"paced": prows, "saturated": rows})
-    result = {"info": info, "mode": "default", "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
+    result = {"info": info, "mode": "default", "overload": over, "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
                                                             for sc in SCENARIOS],
               "summary": agg, "paced_summary": pagg, "accuracy": acc, "exactness": exact, "goals": g,
               "rounds": rows, "paced_rounds": prows, "elapsed_s": time.time() - started}
@@ -617,6 +644,14 @@ def write_default(name, r):
     for e in r["exactness"]:
         md.append(f"| {e['filter']} | {e['ok']} | {e['refused']} | {e['over_admission']} | "
                   f"{e['cas_retries'] if e['filter'] == 'sluice' else '-'} |")
+    md += ["", "## Goodput and latency under 2x overload (load shedding)", "",
+           "An upstream that serves 4 requests at a time, 20 ms each (about 200/s), driven by 8 closed-loop "
+           "clients for 4 s; the first 0.5 s left out. With sluice: a shedder with `concurrency.max` 4, "
+           "CoDel target 5 ms, interval 100 ms.", "",
+           "| setup | goodput /s | shed /s | admitted p50 ms | admitted p99 ms |", "|---|---|---|---|---|"]
+    for o in r.get("overload", []):
+        md.append(f"| {o['setup']} | {o['goodput_rps']:.0f} | {o['shed_rps']:.0f} | {o['p50_ms']:.1f} | "
+                  f"{o['p99_ms']:.1f} |")
     md += ["", "## Goals", "", goals_md(r["goals"]), ""]
     (RESULTS / f"{name}.md").write_text("\n".join(md))
     print(f"wrote {RESULTS.relative_to(ROOT)}/{name}.json and {name}.md")

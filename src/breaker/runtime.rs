@@ -16,6 +16,7 @@ use crate::rng::SplitMix;
 use crate::siphash::SipHasher13;
 use crate::store::{Store, StoreError};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// How often a VM re-reads a key's shared state and merges its successes.
 pub const SYNC_MS: u64 = 20;
@@ -23,7 +24,8 @@ pub const SYNC_MS: u64 = 20;
 /// A breaker and the shared-data key prefix of its keys.
 #[derive(Debug, Clone)]
 pub struct Breaker {
-    pub spec: BreakerSpec,
+    /// Shared, so the per-request paths clone a pointer, not the spec.
+    pub spec: Rc<BreakerSpec>,
     pub prefix: String,
 }
 
@@ -102,7 +104,7 @@ impl Breakers {
                 });
             }
             rules.push(Breaker {
-                spec: spec.clone(),
+                spec: Rc::new(spec.clone()),
                 prefix,
             });
         }

@@ -28,6 +28,8 @@ pub struct Plugin {
     pub shedders: RefCell<Shedders>,
     /// Concurrency slots held, by stream id (see `shedding`).
     pub held: RefCell<HashMap<u32, Vec<usize>>>,
+    /// Whether this VM ticks every millisecond (requests are queued).
+    pub fast_tick: std::cell::Cell<bool>,
     pub shed_metrics: ShedMetrics,
     pub rng: RefCell<SplitMix>,
 }

@@ -21,6 +21,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// The tick period when no request waits in a sluice queue.
+pub const SLOW_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
 #[derive(Default)]
 pub struct Root {
     plugin: Option<Rc<Plugin>>,
@@ -121,13 +124,12 @@ impl RootContext for Root {
         }
         let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
         let shed_metrics = ShedMetrics::define(&names);
-        // Ticks merge each VM's batched breaker successes when traffic stops,
-        // and let queued requests in when a slot frees on another worker
-        // (polled every millisecond while a sluice queue is configured).
-        if config.shedders.iter().any(|s| s.concurrency.is_some()) {
-            self.set_tick_period(std::time::Duration::from_millis(1));
-        } else if !config.breakers.is_empty() || !config.shedders.is_empty() {
-            self.set_tick_period(std::time::Duration::from_millis(100));
+        // A slow tick merges each VM's batched breaker successes when traffic
+        // stops; while requests wait in a sluice queue, the tick runs every
+        // millisecond to let them in when a slot frees on another worker
+        // (see `Plugin::fast_tick`).
+        if !config.breakers.is_empty() || !config.shedders.is_empty() {
+            self.set_tick_period(SLOW_TICK);
         }
         let policies = config
             .rules
@@ -149,6 +151,7 @@ impl RootContext for Root {
             breaker_metrics,
             shedders: RefCell::new(shedders),
             held: RefCell::new(HashMap::new()),
+            fast_tick: std::cell::Cell::new(false),
             shed_metrics,
             rng: RefCell::new(SplitMix(random_u64())),
         }));
@@ -162,6 +165,7 @@ impl RootContext for Root {
             }
             if plugin.has_shedders() {
                 plugin.shed_wake(None);
+                plugin.slow_tick_when_idle();
             }
         }
     }

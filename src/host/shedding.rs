@@ -166,6 +166,7 @@ impl Plugin {
                 }
                 Arrival::Queue { evicted } => {
                     bump(self.shed_metrics.get(s).queued, 1);
+                    self.fast_tick();
                     if let Some(w) = evicted {
                         bump(self.shed_metrics.get(s).queued, -1);
                         self.shed_answer(s, w.class, Some(w.id));
@@ -178,6 +179,25 @@ impl Plugin {
             }
         }
         Ok((!queued_somewhere, watched))
+    }
+
+    /// Ticks every millisecond while requests wait, so that a slot freed on
+    /// another worker is used within about a millisecond.
+    fn fast_tick(&self) {
+        if !self.fast_tick.replace(true) {
+            let _ = hostcalls::set_tick_period(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Back to the slow tick once no request waits in this VM.
+    pub fn slow_tick_when_idle(&self) {
+        let idle = self
+            .shedders
+            .try_borrow()
+            .is_ok_and(|sh| (0..self.config.shedders.len()).all(|s| sh.queued(s) == 0));
+        if idle && self.fast_tick.replace(false) {
+            let _ = hostcalls::set_tick_period(super::root::SLOW_TICK);
+        }
     }
 
     /// Resumes or sheds queued streams (after a release, and on ticks).

@@ -150,7 +150,9 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         None => None,
         Some(c) => {
             let max = positive(format!("{at}.concurrency.max"), c.max)?;
-            let queue = c.queue.unwrap_or(max as i64 * 4);
+            let queue = c
+                .queue
+                .unwrap_or((max as i64).saturating_mul(4).min(100_000));
             if !(0..=100_000).contains(&queue) {
                 return Err(err(
                     format!("{at}.concurrency.queue"),
