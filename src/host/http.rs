@@ -206,9 +206,14 @@ impl HttpContext for Stream {
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
         if !self.tickets.is_empty() {
             let status = response_status();
-            let details = hostcalls::get_property(vec!["response", "code_details"])
-                .ok()
-                .flatten();
+            // Only an error status needs telling apart an upstream answer from
+            // an Envoy or filter local reply: skip the host call otherwise.
+            let details = match status {
+                Some(s) if s < 400 => None,
+                _ => hostcalls::get_property(vec!["response", "code_details"])
+                    .ok()
+                    .flatten(),
+            };
             self.report(|f| f.classify(status, details.as_deref()));
         }
         if !self.watched.is_empty() {
