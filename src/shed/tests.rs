@@ -333,15 +333,39 @@ fn classes_come_from_rules_then_the_header_then_the_default() {
 fn shedder_configs_validate_with_clear_fields_and_clamped_defaults() {
     let c = parse(br#"{"shedders":[{"name":"s","concurrency":{"max":100000}}]}"#).expect("valid");
     let conc = c.shedders[0].concurrency.clone().expect("queue mode");
-    assert_eq!((conc.max, conc.queue, conc.max_wait_ms), (100_000, 100_000, 1000));
-    assert_eq!((c.shedders[0].target_ms, c.shedders[0].interval_ms), (5, 100));
+    assert_eq!(
+        (conc.max, conc.queue, conc.max_wait_ms),
+        (100_000, 100_000, 1000)
+    );
+    assert_eq!(
+        (c.shedders[0].target_ms, c.shedders[0].interval_ms),
+        (5, 100)
+    );
     for (json, field) in [
-        (r#"{"shedders":[{"name":"s","concurrency":{"max":0}}]}"#, "shedders[0].concurrency.max"),
-        (r#"{"shedders":[{"name":"s","concurrency":{"max":1,"queue":-1}}]}"#, "shedders[0].concurrency.queue"),
-        (r#"{"shedders":[{"name":"s","target":"200ms"}]}"#, "shedders[0].interval"),
-        (r#"{"shedders":[{"name":"s","priority":{"default":"vip"}}]}"#, "shedders[0].priority.default"),
-        (r#"{"shedders":[{"name":"s"},{"name":"s"}]}"#, "shedders[1].name"),
-        (r#"{"shedders":[{"name":"s","status":302}]}"#, "shedders[0].status"),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":0}}]}"#,
+            "shedders[0].concurrency.max",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":1,"queue":-1}}]}"#,
+            "shedders[0].concurrency.queue",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","target":"200ms"}]}"#,
+            "shedders[0].interval",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","priority":{"default":"vip"}}]}"#,
+            "shedders[0].priority.default",
+        ),
+        (
+            r#"{"shedders":[{"name":"s"},{"name":"s"}]}"#,
+            "shedders[1].name",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","status":302}]}"#,
+            "shedders[0].status",
+        ),
     ] {
         let e = parse(json.as_bytes()).expect_err(json);
         assert_eq!(e.field, field, "{json}: {e}");
