@@ -106,7 +106,6 @@ struct Pending {
     outcome: Outcome,
     report: RuleReport,
     committed: Option<(Slot, Slot)>, // (before, after) of the decision slot
-    now: u128,                       // scaled time of the decision
 }
 
 enum Commit {
@@ -337,7 +336,6 @@ impl Limiter {
             outcome,
             report,
             committed: None,
-            now,
         })
     }
 
@@ -432,46 +430,25 @@ impl Limiter {
         Evaluation { verdict, reports }
     }
 
-    /// Undoes a committed charge of a request that ends up refused.
-    ///
-    /// A slot untouched since our charge gets its old value back. A
-    /// single-slot rule whose slot others charged since gets `cost` tokens
-    /// back minus whatever refill time passed beyond the TAT we charged
-    /// from, which never returns more than the charge really took. A
-    /// two-slot rule's slot may have been raised by other keys, so it is
-    /// only restored when untouched: the charge otherwise stays, which can
-    /// only refuse more, never admit more.
+    /// Undoes a committed charge of a request that ends up refused, where
+    /// that is safe: only for a single-slot rule whose slot nobody wrote
+    /// since (a CAS still pending elsewhere then fails and re-reads). A
+    /// two-slot rule's slot is never restored: another key may have left it
+    /// as it was because our charge already covered its own (conservative
+    /// update), and lowering it would let that key escape its limit. An
+    /// unrefunded charge can only refuse more, never admit more.
     fn refund(&self, store: &dyn Store, p: &Pending, before: Slot, after: Slot) {
-        let (Some(Rule { spec, .. }), Some(Read { key, .. })) =
-            (self.rules.get(p.rule), p.reads.get(p.decision))
-        else {
+        if p.placement.count != 1 {
+            return;
+        }
+        let Some(Read { key, .. }) = p.reads.get(p.decision) else {
             return;
         };
-        let charged = (p.cost as u128).saturating_mul(spec.bucket.period_ns as u128);
-        let from = after.tat.saturating_sub(charged);
-        for _ in 0..self.max_retries {
-            let Ok(Some(entry)) = store.get(key) else {
-                return;
-            };
-            let Ok(current) = Slot::decode(&entry.bytes) else {
-                return;
-            };
-            let restored = if current == after {
-                before
-            } else if p.placement.count == 1 {
-                let late = p.now.saturating_sub(from);
-                let amount = charged.saturating_sub(late);
-                Slot {
-                    tat: current.tat.saturating_sub(amount),
-                    ..current
-                }
-            } else {
-                return;
-            };
-            match store.set(key, &restored.encode(), entry.cas) {
-                Err(StoreError::CasMismatch) => continue,
-                _ => return,
-            }
+        let Ok(Some(entry)) = store.get(key) else {
+            return;
+        };
+        if Slot::decode(&entry.bytes) == Ok(after) {
+            let _ = store.set(key, &before.encode(), entry.cas);
         }
     }
 

@@ -1,6 +1,7 @@
 //! Tests of the limiter's transaction over a store with Envoy's CAS
 //! semantics, including simulated writers on other workers.
 
+use crate::codec::Slot;
 use crate::config::parse;
 use crate::limiter::{Limiter, RuleResult, Verdict};
 use crate::request::fake::FakeRequest;
@@ -111,20 +112,17 @@ fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
     );
 }
 
-#[test]
-fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_earlier_rules() {
+/// Runs `l` on tenant `a` while `interfere` writes the store just before
+/// the first write to a tenant slot; returns how many fresh tenants pass after.
+fn conflict_then_count(interfere: impl Fn(&MemoryStore, &Limiter) + 'static) -> usize {
     let (l, store) = ready(LAYERED);
     assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
-    // While our request commits, another worker spends tenant a's last token.
     let l2 = l.clone();
-    let armed = Rc::new(Cell::new(true));
-    let flag = armed.clone();
     let tenant_prefix = l.rules[1].prefix.clone();
+    let armed = Cell::new(true);
     *store.before_set.borrow_mut() = Some(Box::new(move |s: &MemoryStore, key: &str| {
-        if flag.get() && key.starts_with(&tenant_prefix) {
-            flag.set(false);
-            *s.before_set.borrow_mut() = None;
-            assert_eq!(l2.evaluate(s, NOW, &req("a")).verdict, Verdict::Allow);
+        if key.starts_with(&tenant_prefix) && armed.replace(false) {
+            interfere(s, &l2);
         }
     }));
     let e = l.evaluate(&store, NOW, &req("a"));
@@ -136,11 +134,48 @@ fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_earlier_rules() {
         }
     );
     *store.before_set.borrow_mut() = None;
-    // Global spent exactly 2 (both admitted requests), refund included: 8 left.
-    let passed = (0..20)
+    (0..20)
         .filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == Verdict::Allow)
-        .count();
-    assert_eq!(passed, 8);
+        .count()
+}
+
+#[test]
+fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_an_untouched_earlier_rule() {
+    // Another worker drains tenant a's slots (and touches nothing else) while
+    // our request commits: tenant now refuses, and global's charge is undone.
+    let passed = conflict_then_count(|s, l| {
+        let p = crate::keys::place(
+            &l.rules[1].spec.key,
+            l.rules[1].spec.on_missing_key,
+            l.seed,
+            l.table_len(1),
+            &req("a"),
+        )
+        .expect("placed");
+        for &slot in p.slots() {
+            let drained = l.rules[1].spec.bucket.empty_tat(NOW);
+            s.raw_set(
+                &l.slot_key(1, slot),
+                &Slot {
+                    fingerprint: 7,
+                    tat: drained,
+                }
+                .encode(),
+            );
+        }
+    });
+    assert_eq!(passed, 9, "global spent only the first request's token");
+}
+
+#[test]
+fn a_refund_is_skipped_when_the_slot_moved_so_it_never_over_admits() {
+    // Another worker spends tenant a's last token and a global token in
+    // between: global's slot moved, so our charge stays (one token lost,
+    // never one too many).
+    let passed = conflict_then_count(|s, l| {
+        assert_eq!(l.evaluate(s, NOW, &req("a")).verdict, Verdict::Allow);
+    });
+    assert_eq!(passed, 7);
 }
 
 #[test]
