@@ -8,8 +8,8 @@ use super::{Phase, State, BUCKETS};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt;
 
-const VERSION: u8 = 1;
-const BODY: usize = 1 + 1 + 4 + 8 + 4 + 4 + 8 + 4 + 8 + BUCKETS * 8;
+const VERSION: u8 = 2;
+const BODY: usize = 1 + 1 + 4 + 8 + 4 + 4 + 8 + 4 + 4 + 8 + BUCKETS * 8;
 
 fn check(body: &[u8]) -> u32 {
     body.iter().fold(0x811c_9dc5u32, |h, &b| {
@@ -32,6 +32,7 @@ pub fn encode(s: &State) -> Vec<u8> {
     out.extend_from_slice(&s.probe_successes.to_le_bytes());
     out.extend_from_slice(&s.probe_deadline_ms.to_le_bytes());
     out.extend_from_slice(&s.consecutive.to_le_bytes());
+    out.extend_from_slice(&s.epoch.to_le_bytes());
     out.extend_from_slice(&s.base_bucket.to_le_bytes());
     for (ok, bad) in s.buckets {
         out.extend_from_slice(&ok.to_le_bytes());
@@ -83,6 +84,7 @@ pub fn decode(bytes: &[u8]) -> Result<State, Corrupt> {
         probe_successes: r.u32()?,
         probe_deadline_ms: r.u64()?,
         consecutive: r.u32()?,
+        epoch: r.u32()?,
         base_bucket: r.u64()?,
         buckets: [(0, 0); BUCKETS],
     };

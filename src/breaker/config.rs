@@ -43,8 +43,9 @@ impl FailureSpec {
     /// details: `via_upstream` is the upstream's own answer (judged by
     /// status); `upstream_*` details (connection failure, reset, upstream
     /// timeout) and `no_healthy_upstream` are Envoy-side upstream failures;
-    /// any other detail is a local reply by a filter (an authz denial, or
-    /// sluice itself) and says nothing about the upstream.
+    /// any other detail, or none on an error status, is a local reply by a
+    /// filter (an authz denial, or sluice itself, whose replies carry no
+    /// details) and says nothing about the upstream.
     pub fn classify(&self, status: Option<u32>, details: Option<&[u8]>) -> Outcome {
         let by_status = || match status {
             Some(s) if self.is_failure_status(s) => Outcome::Failure,
@@ -52,7 +53,9 @@ impl FailureSpec {
             None => Outcome::Ignored,
         };
         match details {
-            None | Some(b"via_upstream") => by_status(),
+            Some(b"via_upstream") => by_status(),
+            // Details are only read for error statuses (see the adapter).
+            None if status.is_some_and(|s| s < 400) => by_status(),
             Some(d)
                 if d.starts_with(b"upstream_")
                     || d == b"no_healthy_upstream"
@@ -64,7 +67,7 @@ impl FailureSpec {
                     Outcome::Ignored
                 }
             }
-            Some(_) => Outcome::Ignored,
+            _ => Outcome::Ignored,
         }
     }
 }

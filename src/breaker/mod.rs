@@ -48,6 +48,10 @@ pub struct State {
     pub probe_deadline_ms: u64,
     /// Failures since the last success (across workers, see README).
     pub consecutive: u32,
+    /// Probe episode: bumped whenever the breaker opens and whenever
+    /// outstanding probe claims expire, so that the result of a probe from
+    /// an earlier episode can never count in (or free a claim of) a later one.
+    pub epoch: u32,
     /// Window bucket index of `buckets[0]`.
     pub base_bucket: u64,
     /// (successes, failures) per bucket.
@@ -95,6 +99,7 @@ impl State {
             probe_successes: 0,
             probe_deadline_ms: 0,
             consecutive: 0,
+            epoch: 0,
             base_bucket: 0,
             buckets: [(0, 0); BUCKETS],
         }
@@ -151,6 +156,7 @@ impl State {
         let period = Self::open_period_ms(spec, self.trips);
         let jitter = rng.below(period / 5 + 1);
         self.phase = Phase::Open;
+        self.epoch = self.epoch.wrapping_add(1);
         self.until_ms = now_ms.saturating_add(period + jitter);
         self.in_flight = 0;
         self.probe_successes = 0;
@@ -231,7 +237,10 @@ impl State {
             }
             Phase::HalfOpen => {
                 if now_ms > self.probe_deadline_ms {
-                    self.in_flight = 0; // claims past their deadline are lost
+                    // Claims past their deadline are lost: a new episode.
+                    self.in_flight = 0;
+                    self.probe_successes = 0;
+                    self.epoch = self.epoch.wrapping_add(1);
                 }
                 if self.in_flight >= spec.probes {
                     return Err(NoProbe);
@@ -250,10 +259,10 @@ impl State {
         &mut self,
         spec: &BreakerSpec,
         now_ms: u64,
-        success: bool,
+        (success, epoch): (bool, u32),
         rng: &mut SplitMix,
     ) -> Option<Transition> {
-        if self.phase != Phase::HalfOpen {
+        if self.phase != Phase::HalfOpen || epoch != self.epoch {
             return None;
         }
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -266,14 +275,18 @@ impl State {
         if self.probe_successes < spec.successes_to_close {
             return None;
         }
-        *self = State::new();
+        let epoch = self.epoch.wrapping_add(1);
+        *self = State {
+            epoch,
+            ..State::new()
+        };
         Some(Transition::Closed)
     }
 
     /// A probe that ended without an upstream verdict (client gone, or
     /// refused by another mechanism) gives its claim back.
-    pub fn release_probe(&mut self) {
-        if self.phase == Phase::HalfOpen {
+    pub fn release_probe(&mut self, epoch: u32) {
+        if self.phase == Phase::HalfOpen && epoch == self.epoch {
             self.in_flight = self.in_flight.saturating_sub(1);
         }
     }

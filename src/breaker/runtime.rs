@@ -35,6 +35,8 @@ pub struct Ticket {
     pub breaker: usize,
     pub key: u64,
     pub probe: bool,
+    /// The probe episode the claim belongs to.
+    pub epoch: u32,
 }
 
 /// The breakers' verdict on a request.
@@ -279,6 +281,7 @@ impl Breakers {
                 breaker: b,
                 key,
                 probe: false,
+                epoch: state.epoch,
             })),
             Admit::FailFast { retry_after_ms } => Err(if state.phase == super::Phase::HalfOpen {
                 0
@@ -298,6 +301,7 @@ impl Breakers {
                         breaker: b,
                         key,
                         probe: true,
+                        epoch: s.epoch,
                     }))
                 }
                 Ok((s, Err(_))) => {
@@ -336,10 +340,10 @@ impl Breakers {
         };
         if t.probe {
             let result = self.update(store, t.breaker, t.key, |s| match outcome {
-                Outcome::Success => s.probe_result(&spec, now_ms, true, rng),
-                Outcome::Failure => s.probe_result(&spec, now_ms, false, rng),
+                Outcome::Success => s.probe_result(&spec, now_ms, (true, t.epoch), rng),
+                Outcome::Failure => s.probe_result(&spec, now_ms, (false, t.epoch), rng),
                 Outcome::Ignored => {
-                    s.release_probe();
+                    s.release_probe(t.epoch);
                     None
                 }
             });

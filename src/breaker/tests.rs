@@ -162,7 +162,7 @@ fn half_open_probes_close_or_reopen_for_longer() {
     assert_eq!(s.claim_probe(&spec, until), Ok(None));
     assert_eq!(s.claim_probe(&spec, until), Err(NoProbe), "only 2 probes");
     assert_eq!(
-        s.probe_result(&spec, until + 5, false, &mut rng)
+        s.probe_result(&spec, until + 5, (false, s.epoch), &mut rng)
             .map(|t| matches!(t, Transition::Reopened { .. })),
         Some(true)
     );
@@ -173,12 +173,21 @@ fn half_open_probes_close_or_reopen_for_longer() {
     let at = s.until_ms;
     s.claim_probe(&spec, at).expect("probe");
     s.claim_probe(&spec, at).expect("probe");
-    assert_eq!(s.probe_result(&spec, at + 1, true, &mut rng), None);
     assert_eq!(
-        s.probe_result(&spec, at + 2, true, &mut rng),
+        s.probe_result(&spec, at + 1, (true, s.epoch), &mut rng),
+        None
+    );
+    assert_eq!(
+        s.probe_result(&spec, at + 2, (true, s.epoch), &mut rng),
         Some(Transition::Closed)
     );
-    assert_eq!(s, State::new());
+    assert_eq!(
+        s,
+        State {
+            epoch: s.epoch,
+            ..State::new()
+        }
+    );
 }
 
 #[test]
@@ -234,7 +243,7 @@ fn property_state_machine_invariants_under_random_sequences() {
                         claimed -= 1;
                         let ok = rng.below(2) == 0;
                         if let Some(Transition::Reopened { open_ms }) =
-                            s.probe_result(&spec, now, ok, &mut rng)
+                            s.probe_result(&spec, now, (ok, s.epoch), &mut rng)
                         {
                             let period = State::open_period_ms(&spec, s.trips);
                             assert!(period >= State::open_period_ms(&spec, s.trips - 1));
@@ -447,6 +456,9 @@ fn responses_are_classified_by_status_and_envoy_details() {
         Outcome::Ignored
     );
     assert_eq!(f.classify(None, None), Outcome::Ignored);
+    // sluice's own local replies (a shed or refused request) carry no details.
+    assert_eq!(f.classify(Some(503), None), Outcome::Ignored);
+    assert_eq!(f.classify(Some(200), None), Outcome::Success);
     let with_429 = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["5xx","429"],"local_failures":false}}]}"#).failure;
     assert_eq!(
         with_429.classify(Some(429), Some(b"via_upstream")),
@@ -455,5 +467,34 @@ fn responses_are_classified_by_status_and_envoy_details() {
     assert_eq!(
         with_429.classify(Some(504), Some(b"upstream_response_timeout")),
         Outcome::Ignored
+    );
+}
+
+#[test]
+fn a_probe_from_an_earlier_episode_never_counts_or_frees_a_claim() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":1,"open":{"base":"1s","max":"8s"},
+        "half_open":{"probes":1,"probe_timeout":"2s"}}]}"#,
+    );
+    let mut rng = SplitMix(11);
+    let mut s = State::new();
+    s.record(&spec, T0, 0, 1, &mut rng);
+    let at = s.until_ms;
+    s.claim_probe(&spec, at).expect("probe");
+    let old = s.epoch;
+    // The claim expires; a new probe is claimed in a new episode.
+    s.claim_probe(&spec, at + 2_001).expect("new probe");
+    assert_ne!(s.epoch, old);
+    // The old probe's late answer neither closes the breaker nor frees the new claim.
+    assert_eq!(
+        s.probe_result(&spec, at + 2_100, (true, old), &mut rng),
+        None
+    );
+    s.release_probe(old);
+    assert_eq!(s.in_flight, 1);
+    assert_eq!(s.claim_probe(&spec, at + 2_200), Err(NoProbe));
+    assert_eq!(
+        s.probe_result(&spec, at + 2_300, (true, s.epoch), &mut rng),
+        Some(Transition::Closed)
     );
 }

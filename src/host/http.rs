@@ -218,17 +218,7 @@ impl HttpContext for Stream {
         }
         if !self.watched.is_empty() {
             if let Some(plugin) = &self.plugin {
-                let reported = self
-                    .watched
-                    .first()
-                    .and_then(|&s| plugin.config.shedders.get(s))
-                    .and_then(|spec| {
-                        let h = spec.latency.queue_time_header.as_deref()?;
-                        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, h)
-                            .ok()
-                            .flatten()
-                    });
-                plugin.shed_response(&self.watched, self.start_ms, reported);
+                plugin.shed_response(&self.watched, self.start_ms);
             }
         }
         for (name, value) in self.response_headers.drain(..) {
