@@ -49,7 +49,7 @@ impl Match {
             if !self
                 .methods
                 .iter()
-                .any(|m| m.as_bytes() == method.as_slice())
+                .any(|m| m.as_bytes().eq_ignore_ascii_case(&method))
             {
                 return false;
             }
@@ -104,6 +104,7 @@ mod tests {
         let ok = FakeRequest::new("POST", "/").with_header("x-env", b"prod");
         assert!(m.matches(&ok));
         assert!(!m.matches(&FakeRequest::new("GET", "/").with_header("x-env", b"prod")));
+        assert!(m.matches(&FakeRequest::new("post", "/").with_header("x-env", b"prod")));
         assert!(!m.matches(&ok.clone().with_header("x-debug", b"1")));
         assert!(!m.matches(&FakeRequest::new("POST", "/").with_header("x-env", b"prod\xff")));
     }

@@ -14,7 +14,7 @@ use crate::response::shed_rejection;
 use crate::shed::{Arrival, Class, Wake};
 use log::{debug, warn};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
+use proxy_wasm::types::{MapType, MetricType};
 
 /// The request was shed (and already answered).
 pub struct Shed;
@@ -110,7 +110,9 @@ impl Plugin {
             bump(id, 1);
         }
         if let Some(id) = id {
-            let _ = hostcalls::set_effective_context(id);
+            if hostcalls::set_effective_context(id).is_err() {
+                return; // the stream is gone
+            }
         }
         reject(&r, self.config.response.reason_header.as_deref());
     }
@@ -205,7 +207,9 @@ impl Plugin {
         let now = now_ns() / 1_000_000;
         for s in 0..self.config.shedders.len() {
             let wakes = match self.shedders.try_borrow_mut() {
-                Ok(mut sh) if sh.queued(s) > 0 || sh.overloaded(s) => sh.wake(&SharedData, now, s),
+                Ok(mut sh) if sh.queued(s) > 0 || sh.overloaded(s) || sh.has_retries() => {
+                    sh.wake(&SharedData, now, s)
+                }
                 _ => continue,
             };
             self.shed_changes();
@@ -218,12 +222,18 @@ impl Plugin {
                         waited_ms,
                         slot,
                     } => {
-                        if slot {
-                            self.hold(id, s);
-                        }
                         let _ = hostcalls::record_metric(m.queue_ms, waited_ms);
-                        let _ = hostcalls::set_effective_context(id);
-                        let _ = hostcalls::resume_http_request();
+                        if hostcalls::set_effective_context(id).is_ok() {
+                            if slot {
+                                self.hold(id, s);
+                            }
+                            let _ = hostcalls::resume_http_request();
+                        } else if slot {
+                            // The stream is gone: give its slot straight back.
+                            if let Ok(mut sh) = self.shedders.try_borrow_mut() {
+                                sh.release(&SharedData, s);
+                            }
+                        }
                     }
                     Wake::Shed { waiter } => self.shed_answer(s, waiter.class, Some(waiter.id)),
                 }
@@ -264,12 +274,22 @@ impl Plugin {
     }
 
     /// Latency mode: feeds a response's latency to the shedders that watch it.
-    pub fn shed_response(&self, watched: &[usize], start_ms: u64, reported: Option<Vec<u8>>) {
+    pub fn shed_response(&self, watched: &[usize], start_ms: u64) {
         let now = now_ns() / 1_000_000;
-        let reported_ms =
-            reported.and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
-        if let Ok(mut sh) = self.shedders.try_borrow_mut() {
-            for &s in watched {
+        for &s in watched {
+            // A queue time the upstream reports, in ms, if this shedder reads one.
+            let reported_ms = self
+                .config
+                .shedders
+                .get(s)
+                .and_then(|spec| spec.latency.queue_time_header.as_deref())
+                .and_then(|h| {
+                    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, h)
+                        .ok()
+                        .flatten()
+                })
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+            if let Ok(mut sh) = self.shedders.try_borrow_mut() {
                 sh.response(now, s, now.saturating_sub(start_ms), reported_ms);
             }
         }

@@ -61,7 +61,10 @@ impl Codel {
         self.last_min = if idle { None } else { self.min_in_interval };
         let standing = self.last_min.is_some_and(|m| m > self.target_ms);
         self.overloaded = if self.overloaded && self.exit_on_empty {
-            let calm = !self.shed_in_interval && (self.last_min.is_none() || self.saw_empty);
+            // An idle gap (more than one interval without a sample) always
+            // ends overload, whatever the last busy interval saw.
+            let calm =
+                idle || !self.shed_in_interval && (self.last_min.is_none() || self.saw_empty);
             !calm
         } else {
             standing

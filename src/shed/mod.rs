@@ -115,6 +115,8 @@ pub struct Shedders {
     pub store_failures: u64,
     /// Overload state changes: (shedder, now overloaded).
     pub changes: Vec<(usize, bool)>,
+    /// Counter decrements that failed, to retry (see `try_op`).
+    retry: Vec<(usize, Op)>,
 }
 
 fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
@@ -162,6 +164,7 @@ impl Shedders {
             max_retries: config.max_cas_retries,
             store_failures: 0,
             changes: Vec::new(),
+            retry: Vec::new(),
         })
     }
 
@@ -285,7 +288,28 @@ impl Shedders {
             Ok(done) => Some(done),
             Err(_) => {
                 self.store_failures += 1;
+                // A lost decrement would shrink the limit (or block direct
+                // admission) for good: keep it and retry on the next wake.
+                match op {
+                    Op::Release | Op::Leave => self.retry.push((s, op)),
+                    // Admitted without a slot: the waiter still left the queue.
+                    Op::Admit => self.retry.push((s, Op::Leave)),
+                    Op::Direct | Op::Enqueue => {}
+                }
                 None
+            }
+        }
+    }
+
+    /// Whether decrements that failed are waiting to be retried.
+    pub fn has_retries(&self) -> bool {
+        !self.retry.is_empty()
+    }
+
+    fn retry_failed(&mut self, store: &dyn Store) {
+        for (s, op) in std::mem::take(&mut self.retry) {
+            if self.counter(store, s, op).is_err() {
+                self.retry.push((s, op));
             }
         }
     }
@@ -371,6 +395,9 @@ impl Shedders {
     /// highest class first, oldest first within a class.
     pub fn wake(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Vec<Wake> {
         self.roll(s, now_ms);
+        if !self.retry.is_empty() {
+            self.retry_failed(store);
+        }
         let mut out = Vec::new();
         let Some(max_wait) = self
             .rules
