@@ -338,6 +338,20 @@ pub(crate) fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A duration field in whole milliseconds (at least 1 ms), `default` if absent.
+pub(crate) fn millis(
+    field: String,
+    text: Option<String>,
+    default: &str,
+) -> Result<u64, ConfigError> {
+    let ns =
+        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
+    if ns < crate::duration::NS_PER_MS {
+        return Err(err(field, "must be at least 1ms"));
+    }
+    Ok(ns / crate::duration::NS_PER_MS)
+}
+
 pub(crate) fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
     if value <= 0 {
         return Err(err(field, format!("must be greater than 0, got {value}")));

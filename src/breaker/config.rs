@@ -3,9 +3,8 @@
 
 use super::runtime::Outcome;
 use crate::config::{
-    check_name, err, header_name, positive, raw::RawMatch, validate_match, ConfigError,
+    check_name, err, header_name, millis, positive, raw::RawMatch, validate_match, ConfigError,
 };
-use crate::duration::{parse_duration, NS_PER_MS};
 use crate::matcher::Match;
 use serde::Deserialize;
 
@@ -146,15 +145,6 @@ struct RawHalfOpen {
     probes: Option<i64>,
     successes_to_close: Option<i64>,
     probe_timeout: Option<String>,
-}
-
-fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
-    let ns =
-        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
-    if ns < NS_PER_MS {
-        return Err(err(field, "must be at least 1ms"));
-    }
-    Ok(ns / NS_PER_MS)
 }
 
 fn count(field: String, value: Option<i64>, default: i64, max: i64) -> Result<u32, ConfigError> {

@@ -1,9 +1,8 @@
 //! Shedder settings: the JSON under `shedders[i]` and its validated form.
 
 use crate::config::{
-    check_name, err, header_name, positive, raw::RawMatch, validate_match, ConfigError,
+    check_name, err, header_name, millis, positive, raw::RawMatch, validate_match, ConfigError,
 };
-use crate::duration::{parse_duration, NS_PER_MS};
 use crate::matcher::Match;
 use serde::Deserialize;
 
@@ -116,15 +115,6 @@ struct RawConcurrency {
 struct RawLatency {
     floor_window: Option<String>,
     queue_time_header: Option<String>,
-}
-
-fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
-    let ns =
-        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
-    if ns < NS_PER_MS {
-        return Err(err(field, "must be at least 1ms"));
-    }
-    Ok(ns / NS_PER_MS)
 }
 
 /// Validates one shedder.
