@@ -192,3 +192,17 @@ def test_latency_mode_sheds_sheddable_work_when_upstream_latency_rises():
         assert shed, "no shedding under 4x overload"
         assert all(r[3] == "sheddable" for r in shed)
         assert s.front.stat("wasmcustom.sluice_shed_shed_critical.shedder.lat") == 0
+
+
+def test_requests_sluice_sheds_are_not_upstream_failures_for_a_breaker():
+    cfg = {"circuit_breakers": [{"name": "up", "min_requests": 5, "error_rate": 0.2}],
+           "shedders": [{"name": "tight", "concurrency": {"max": 1, "queue": 2, "max_wait": "50ms"}}]}
+    with SlowStack(cfg) as s:
+        got = [b[0] for b in http1.burst(s.port, [[http1.build("/")] for _ in range(12)])]
+        shed = [r for r in got if r.status == 503 and r.header("x-sluice-shed")]
+        assert len(shed) >= 5, [r.status for r in got]
+        time.sleep(0.1)
+        # Most requests were answered 503 by sluice itself, yet the breaker,
+        # which trips at 20% errors, saw only the upstream's successes.
+        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.up") == 0
+        assert [http1.get(s.port).status for _ in range(3)] == [200] * 3
