@@ -31,6 +31,7 @@ $(WBG_RUNNER):
 
 build: .tools/targets
 	cargo build --release --target wasm32-wasip1
+	python3 scripts/strip_exports.py $(WASM)
 	@ls -l $(WASM) | awk '{print "sluice.wasm: " $$5 " bytes"}'
 
 run: build $(ENVOY)

@@ -47,3 +47,19 @@ def test_shipped_envoy_configs_validate(path):
 def test_example_plugin_configs_load(path):
     ok, out = validate(path.read_text())
     assert ok, out[-3000:]
+
+
+def test_the_built_module_exports_no_unused_callbacks():
+    """make build strips the callbacks sluice does not use (Envoy then skips
+    those trips into the VM); the module must still export the ones it does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("strip_exports", ROOT / "scripts/strip_exports.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    data = (ROOT / "target/wasm32-wasip1/release/sluice.wasm").read_bytes()
+    _, removed = mod.strip(data)
+    assert removed == []
+    for needed in (b"proxy_on_request_headers", b"proxy_on_response_headers", b"proxy_on_log",
+                   b"proxy_on_tick", b"proxy_on_configure", b"proxy_abi_version_0_2_1"):
+        assert needed in data
