@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import http1
-from harness import WASM, Envoy, free_port, front_bootstrap, upstream_bootstrap
+from harness import WASM, Envoy, Pair, free_port, front_bootstrap, upstream_bootstrap
 
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 TEC_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
@@ -73,7 +73,7 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
-class EcdsStack:
+class EcdsStack(Pair):
     """An upstream Envoy and a front Envoy whose wasm filter(s) come from ECDS.
 
     `configuration` is a plugin configuration for one filter named
@@ -132,19 +132,7 @@ class EcdsStack:
             time.sleep(0.05)
         return False
 
-    def __enter__(self):
-        self.upstream.__enter__()
-        try:
-            self.front.__enter__()
-        except Exception:
-            self.upstream.__exit__()
-            self.dir.cleanup()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.front.__exit__()
-        self.upstream.__exit__()
+    def cleanup(self):
         self.dir.cleanup()
 
 

@@ -191,7 +191,31 @@ class Envoy:
         return self.stats().get(name, default)
 
 
-class Stack:
+class Pair:
+    """Starts `self.upstream` then `self.front` (both `Envoy`) and stops them
+    in reverse order; `cleanup()` runs after both are stopped, or if the
+    front fails to start."""
+
+    def cleanup(self):
+        pass
+
+    def __enter__(self):
+        self.upstream.__enter__()
+        try:
+            self.front.__enter__()
+        except Exception:
+            self.upstream.__exit__()
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.front.__exit__()
+        self.upstream.__exit__()
+        self.cleanup()
+
+
+class Stack(Pair):
     """An upstream Envoy and a front Envoy with sluice, started together."""
 
     def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=()):
@@ -206,19 +230,6 @@ class Stack:
     def upstream_requests(self):
         """Requests the upstream Envoy has received."""
         return self.upstream.stat("http.upstream.downstream_rq_total")
-
-    def __enter__(self):
-        self.upstream.__enter__()
-        try:
-            self.front.__enter__()
-        except Exception:
-            self.upstream.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.front.__exit__()
-        self.upstream.__exit__()
 
 
 def validate(plugin_config):
