@@ -60,6 +60,6 @@ def test_the_built_module_exports_no_unused_callbacks():
     data = (ROOT / "target/wasm32-wasip1/release/sluice.wasm").read_bytes()
     _, removed = mod.strip(data)
     assert removed == []
-    for needed in (b"proxy_on_request_headers", b"proxy_on_response_headers", b"proxy_on_log",
+    for needed in (b"proxy_on_request_headers", b"proxy_on_response_headers", b"proxy_on_delete",
                    b"proxy_on_tick", b"proxy_on_configure", b"proxy_abi_version_0_2_1"):
         assert needed in data

@@ -40,7 +40,7 @@ impl Stream {
     /// The stream ended, whichever way: gives back any probe claim without
     /// a verdict (client gone, reset) and any concurrency slot, exactly once.
     fn end(&mut self) {
-        self.report(|_| Outcome::Ignored);
+        self.report(None, |_| Outcome::Ignored);
         if let Some(plugin) = &self.plugin {
             if plugin.has_shedders() {
                 plugin.shed_finish(self.id);
@@ -48,12 +48,16 @@ impl Stream {
         }
     }
 
-    fn report(&mut self, outcome: impl Fn(&crate::breaker::FailureSpec) -> Outcome) {
+    fn report(
+        &mut self,
+        now: Option<u64>,
+        outcome: impl Fn(&crate::breaker::FailureSpec) -> Outcome,
+    ) {
         let Some(plugin) = &self.plugin else { return };
         if self.tickets.is_empty() {
             return;
         }
-        let now = now_ns() / 1_000_000;
+        let now = now.unwrap_or_else(|| now_ns() / 1_000_000);
         for t in std::mem::take(&mut self.tickets) {
             let Some(spec) = plugin.breaker_spec(t.breaker) else {
                 continue;
@@ -155,10 +159,15 @@ fn response_status() -> Option<u32> {
     std::str::from_utf8(&v).ok()?.parse().ok()
 }
 
-impl Context for Stream {
-    fn on_done(&mut self) -> bool {
+impl Context for Stream {}
+
+/// The SDK drops a stream's context when Envoy deletes it (`proxy_on_delete`,
+/// once per stream, however it ended). Doing the end-of-stream work here
+/// rather than in `on_log` or `on_done` lets `make build` strip those two
+/// exports, which saves two trips into the VM on every request.
+impl Drop for Stream {
+    fn drop(&mut self) {
         self.end();
-        true
     }
 }
 
@@ -191,11 +200,11 @@ impl HttpContext for Stream {
         }
         if plugin.has_shedders() {
             self.start_ms = now / 1_000_000;
-            match plugin.shed_arrive(self.id, &req) {
+            match plugin.shed_arrive(self.id, self.start_ms, &req) {
                 Ok((true, watched)) => self.watched = watched,
                 Ok((false, _)) => return HostAction::Pause, // queued: resumed or shed later
                 Err(_) => {
-                    self.report(|_| Outcome::Ignored);
+                    self.report(None, |_| Outcome::Ignored);
                     return HostAction::Pause;
                 }
             }
@@ -204,6 +213,11 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> HostAction {
+        let now = if self.tickets.is_empty() && self.watched.is_empty() {
+            0 // not needed: no host call
+        } else {
+            now_ns() / 1_000_000
+        };
         if !self.tickets.is_empty() {
             let status = response_status();
             // Only an error status needs telling apart an upstream answer from
@@ -214,23 +228,17 @@ impl HttpContext for Stream {
                     .ok()
                     .flatten(),
             };
-            self.report(|f| f.classify(status, details.as_deref()));
+            self.report(Some(now), |f| f.classify(status, details.as_deref()));
         }
         if !self.watched.is_empty() {
             if let Some(plugin) = &self.plugin {
-                plugin.shed_response(&self.watched, self.start_ms);
+                plugin.shed_response(&self.watched, now, self.start_ms);
             }
         }
         for (name, value) in self.response_headers.drain(..) {
             let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value));
         }
         HostAction::Continue
-    }
-
-    fn on_log(&mut self) {
-        // The stream ended: give back any probe claim without a verdict
-        // (client gone, reset) and any concurrency slot, exactly once.
-        self.end();
     }
 }
 
@@ -249,7 +257,7 @@ impl Stream {
             }
             Action::Reject(r) => {
                 // Refused before reaching the upstream: no verdict on it.
-                self.report(|_| Outcome::Ignored);
+                self.report(None, |_| Outcome::Ignored);
                 reject(&r, plugin.config.response.reason_header.as_deref());
                 Some(HostAction::Pause)
             }

@@ -131,6 +131,7 @@ impl Plugin {
     pub fn shed_arrive(
         &self,
         id: u32,
+        now: u64,
         req: &dyn crate::request::RequestView,
     ) -> Result<(bool, Vec<usize>), Shed> {
         let classes = match self.shedders.try_borrow() {
@@ -147,7 +148,6 @@ impl Plugin {
             })
             .map(|(s, _)| *s)
             .collect();
-        let now = now_ns() / 1_000_000;
         let mut queued_somewhere = false;
         for (s, class) in classes {
             let arrival = match self.shedders.try_borrow_mut() {
@@ -204,14 +204,18 @@ impl Plugin {
 
     /// Resumes or sheds queued streams (after a release, and on ticks).
     pub fn shed_wake(&self, current: Option<u32>) {
-        let now = now_ns() / 1_000_000;
+        let mut now = None;
+        // Whether the effective context may have moved to another stream.
+        let mut switched = false;
         for s in 0..self.config.shedders.len() {
             let wakes = match self.shedders.try_borrow_mut() {
                 Ok(mut sh) if sh.queued(s) > 0 || sh.overloaded(s) || sh.has_retries() => {
+                    let now = *now.get_or_insert_with(|| now_ns() / 1_000_000);
                     sh.wake(&SharedData, now, s)
                 }
                 _ => continue,
             };
+            switched |= !wakes.is_empty();
             self.shed_changes();
             let m = self.shed_metrics.get(s);
             for w in wakes {
@@ -239,7 +243,7 @@ impl Plugin {
                 }
             }
         }
-        if let Some(id) = current {
+        if let (Some(id), true) = (current, switched) {
             let _ = hostcalls::set_effective_context(id);
         }
     }
@@ -274,8 +278,7 @@ impl Plugin {
     }
 
     /// Latency mode: feeds a response's latency to the shedders that watch it.
-    pub fn shed_response(&self, watched: &[usize], start_ms: u64) {
-        let now = now_ns() / 1_000_000;
+    pub fn shed_response(&self, watched: &[usize], now: u64, start_ms: u64) {
         for &s in watched {
             // A queue time the upstream reports, in ms, if this shedder reads one.
             let reported_ms = self
