@@ -206,3 +206,36 @@ def test_requests_sluice_sheds_are_not_upstream_failures_for_a_breaker():
         # which trips at 20% errors, saw only the upstream's successes.
         assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.up") == 0
         assert [http1.get(s.port).status for _ in range(3)] == [200] * 3
+
+
+def test_with_leased_slots_the_limit_still_holds_across_workers_and_nothing_leaks():
+    """From a limit of 64, each worker leases a few slots ahead of need (see
+    the README): the limit must still hold across the 2 workers, and the
+    leases must come back, burst after burst."""
+    cfg = {"shedders": [{"name": "wide", "concurrency": {"max": 64, "queue": 0}}]}
+    up_port, port = free_port(), free_port()
+    script = Path(__file__).with_name("slow_upstream.py")
+    # An upstream that serves up to 200 at once, 300 ms each: requests overlap.
+    up = subprocess.Popen([sys.executable, str(script), str(up_port), "200", "300"],
+                          stderr=subprocess.DEVNULL)
+    try:
+        with Envoy(front_bootstrap(port, free_port(), up_port, [wasm_filter(cfg)]), 2) as front:
+            # Light load first: both workers lease slots.
+            c = http1.Conn(port)
+            assert [c.request("/").status for _ in range(5)] == [200] * 5
+            c.close()
+            for _ in range(3):
+                got = [b[0].status for b in http1.burst(port, [[http1.build("/")] for _ in range(100)])]
+                ok = got.count(200)
+                # Never over the limit; at most 2 slots per worker idle in a lease.
+                assert 60 <= ok <= 64, got
+                assert got.count(503) == 100 - ok
+                time.sleep(0.3)  # ticks: the leases go back
+                assert front.stat("wasmcustom.sluice_shed_in_flight.shedder.wide") == 0
+            c = http1.Conn(up_port)
+            stats = json.loads(c.request("/__stats").body)
+            c.close()
+            assert stats["max_in_flight"] <= 64
+    finally:
+        up.terminate()
+        up.wait(5)

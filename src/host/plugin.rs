@@ -34,6 +34,16 @@ pub struct Plugin {
     pub rng: RefCell<SplitMix>,
 }
 
+/// A configuration going away (replaced, or the plugin removed) gives its
+/// leased concurrency slots back: the next configuration may share them.
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if self.has_shedders() {
+            self.shed_return_leases();
+        }
+    }
+}
+
 impl Plugin {
     pub fn has_breakers(&self) -> bool {
         !self.config.breakers.is_empty()

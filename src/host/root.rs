@@ -164,6 +164,7 @@ impl RootContext for Root {
                 plugin.breaker_flush(now_ns() / 1_000_000);
             }
             if plugin.has_shedders() {
+                plugin.shed_return_leases();
                 plugin.shed_wake(None);
                 plugin.slow_tick_when_idle();
             }

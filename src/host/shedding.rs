@@ -277,6 +277,14 @@ impl Plugin {
         }
     }
 
+    /// Gives this worker's leased slots back (every tick: see
+    /// `Shedders::return_leases`).
+    pub fn shed_return_leases(&self) {
+        if let Ok(mut sh) = self.shedders.try_borrow_mut() {
+            sh.return_leases(&SharedData);
+        }
+    }
+
     /// Latency mode: feeds a response's latency to the shedders that watch it.
     pub fn shed_response(&self, watched: &[usize], now: u64, start_ms: u64) {
         for &s in watched {

@@ -68,6 +68,20 @@ enum Op {
     Leave,
     /// An admitted request ends.
     Release,
+    /// A worker gives back `n` leased slots it did not use.
+    Return(u64),
+}
+
+/// Slots a worker may keep leased for a concurrency limit of `max`: a
+/// thirty-second of it, at most 32; none below a limit of 64, where every
+/// request goes through the shared counter.
+pub fn lease_cap(max: u64) -> u64 {
+    let cap = (max / 32).min(32);
+    if cap >= 2 {
+        cap
+    } else {
+        0
+    }
 }
 
 fn encode_counter((inflight, waiting): (u64, u64)) -> [u8; 16] {
@@ -104,6 +118,13 @@ struct Local {
     floor_current: Option<u64>,
     floor_previous: Option<u64>,
     floor_rotated_ms: u64,
+    /// Free slots this worker took from the shared counter ahead of need
+    /// (counted there as in flight): used and refilled without a store
+    /// round trip, given back on every tick.
+    lease: u64,
+    /// Whether the shared counter looked far from the limit, with nobody
+    /// waiting, when last seen: only then may released slots be kept.
+    calm: bool,
 }
 
 /// All shedders of one configuration, in one worker.
@@ -156,6 +177,8 @@ impl Shedders {
                 floor_current: None,
                 floor_previous: None,
                 floor_rotated_ms: now_ms,
+                lease: 0,
+                calm: false,
             })
             .collect();
         Ok(Shedders {
@@ -240,6 +263,13 @@ impl Shedders {
         };
         let max = rule.spec.concurrency.as_ref().map_or(u32::MAX, |c| c.max) as u64;
         let key = rule.inflight_key.clone();
+        // A direct admission also tops up this worker's lease while the
+        // counter is well under the limit (three quarters) and nobody waits.
+        let want = self
+            .local
+            .get(s)
+            .map_or(0, |l| lease_cap(max).saturating_sub(l.lease));
+        let mut granted = 0;
         for _ in 0..=self.max_retries {
             let ((inflight, waiting), cas) = match store.get(&key)? {
                 Some(e) => match decode_counter(&e.bytes) {
@@ -254,16 +284,32 @@ impl Shedders {
             let next = match op {
                 // A new request may take a free slot only if nobody waits
                 // on any worker: the queue is global in effect.
-                Op::Direct if inflight >= max || waiting > 0 => return Ok(false),
-                Op::Direct => (inflight + 1, waiting),
+                Op::Direct if inflight >= max || waiting > 0 => {
+                    if let Some(l) = self.local.get_mut(s) {
+                        l.calm = false;
+                    }
+                    return Ok(false);
+                }
+                Op::Direct => {
+                    let calm = want > 0 && inflight + 1 + want <= max - max / 4;
+                    granted = if calm { want } else { 0 };
+                    (inflight + 1 + granted, waiting)
+                }
                 Op::Enqueue => (inflight, waiting + 1),
                 Op::Admit if inflight >= max => return Ok(false),
                 Op::Admit => (inflight + 1, waiting.saturating_sub(1)),
                 Op::Leave => (inflight, waiting.saturating_sub(1)),
                 Op::Release => (inflight.saturating_sub(1), waiting),
+                Op::Return(n) => (inflight.saturating_sub(n), waiting),
             };
             match store.set(&key, &encode_counter(next), cas) {
-                Ok(()) => return Ok(true),
+                Ok(()) => {
+                    if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
+                        l.lease += granted;
+                        l.calm = granted > 0;
+                    }
+                    return Ok(true);
+                }
                 Err(StoreError::CasMismatch) => continue,
                 Err(e) => return Err(e),
             }
@@ -291,7 +337,7 @@ impl Shedders {
                 // A lost decrement would shrink the limit (or block direct
                 // admission) for good: keep it and retry on the next wake.
                 match op {
-                    Op::Release | Op::Leave => self.retry.push((s, op)),
+                    Op::Release | Op::Leave | Op::Return(_) => self.retry.push((s, op)),
                     // Admitted without a slot: the waiter still left the queue.
                     Op::Admit => self.retry.push((s, Op::Leave)),
                     Op::Direct | Op::Enqueue => {}
@@ -347,6 +393,11 @@ impl Shedders {
                 .sum::<usize>()
         });
         if ahead == 0 {
+            if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
+                l.lease -= 1;
+                self.observe(s, now_ms, 0);
+                return Arrival::Admit { slot: true };
+            }
             match self.try_op(store, s, Op::Direct) {
                 Some(true) => {
                     self.observe(s, now_ms, 0);
@@ -455,7 +506,40 @@ impl Shedders {
     /// Releases a concurrency slot (exactly once per admitted request: the
     /// caller holds the `slot` flag and clears it).
     pub fn release(&mut self, store: &dyn Store, s: usize) {
+        let max = self
+            .rules
+            .get(s)
+            .and_then(|r| r.spec.concurrency.as_ref())
+            .map_or(0, |c| c.max as u64);
+        if let Some(l) = self.local.get_mut(s) {
+            // Kept for this worker's next arrival, unless someone waits here.
+            if l.calm && l.lease < lease_cap(max) && l.queues.iter().all(VecDeque::is_empty) {
+                l.lease += 1;
+                return;
+            }
+        }
         self.try_op(store, s, Op::Release);
+    }
+
+    /// Gives every leased slot back to the shared counters (on every tick,
+    /// and when the configuration goes away), so that a worker holds idle
+    /// slots for one tick at most.
+    pub fn return_leases(&mut self, store: &dyn Store) {
+        for s in 0..self.local.len() {
+            let Some(l) = self.local.get_mut(s) else {
+                continue;
+            };
+            l.calm = false;
+            let n = std::mem::take(&mut l.lease);
+            if n > 0 {
+                self.try_op(store, s, Op::Return(n));
+            }
+        }
+    }
+
+    /// Slots leased by this worker for shedder `s` (for tests and metrics).
+    pub fn leased(&self, s: usize) -> u64 {
+        self.local.get(s).map_or(0, |l| l.lease)
     }
 
     /// Removes a waiter whose stream ended (client gone). Returns whether it was queued.

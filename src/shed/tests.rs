@@ -307,6 +307,123 @@ fn property_slots_are_conserved_across_random_workers() {
     }
 }
 
+const LEASED: &str =
+    r#"{"shedders":[{"name":"q","concurrency":{"max":128,"queue":8,"max_wait":"500ms"}}]}"#;
+
+#[test]
+fn a_worker_leases_slots_while_far_from_the_limit_and_returns_them_on_a_tick() {
+    assert_eq!(lease_cap(63), 0);
+    assert_eq!(lease_cap(64), 2);
+    assert_eq!(lease_cap(128), 4);
+    assert_eq!(lease_cap(100_000), 32);
+    let (mut w, store) = shedders(LEASED);
+    // The first arrival takes its slot and a lease of 4 in one write.
+    assert_eq!(
+        w.arrive(&store, T0, 0, 1, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    assert_eq!((inflight(&store), w.leased(0)), (5, 4));
+    let sets = store.sets.get();
+    // The next four use the lease; their releases refill it: no store writes.
+    for id in 2..6 {
+        assert_eq!(
+            w.arrive(&store, T0, 0, id, Class::Default),
+            Arrival::Admit { slot: true }
+        );
+    }
+    assert_eq!(w.leased(0), 0);
+    for _ in 0..4 {
+        w.release(&store, 0);
+    }
+    assert_eq!(
+        (store.sets.get(), w.leased(0), inflight(&store)),
+        (sets, 4, 5)
+    );
+    // A full lease: the next release goes to the shared counter.
+    w.release(&store, 0);
+    assert_eq!((inflight(&store), w.leased(0)), (4, 4));
+    // The tick gives the lease back.
+    w.return_leases(&store);
+    assert_eq!((inflight(&store), w.leased(0)), (0, 0));
+    // Near the limit (over three quarters in flight) no lease is taken.
+    store.raw_set(&w.rules[0].inflight_key, &super::encode_counter((100, 0)));
+    assert_eq!(
+        w.arrive(&store, T0, 0, 7, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    assert_eq!((inflight(&store), w.leased(0)), (101, 0));
+    w.release(&store, 0);
+    assert_eq!(inflight(&store), 100);
+}
+
+#[test]
+fn property_leases_never_let_more_than_max_in_and_all_come_back() {
+    // Like the property above, with a limit large enough for leases: the
+    // counter equals the slots held plus the slots leased, what is held
+    // never exceeds max, and once everything ends and every worker ticks,
+    // the counter is back to zero.
+    let mut rng = crate::rng::SplitMix(11);
+    let (w0, store) = shedders(LEASED);
+    let (w1, _) = shedders(LEASED);
+    let (w2, _) = shedders(LEASED);
+    let mut workers = [w0, w1, w2];
+    let mut held: Vec<usize> = Vec::new();
+    let mut queued: Vec<(usize, u32)> = Vec::new();
+    let mut now = T0;
+    for id in 0..20_000u32 {
+        now += rng.below(2);
+        let w = rng.below(3) as usize;
+        // Phases of rising and falling load, so that leases form and the
+        // limit is reached in turn.
+        let arrive_bias = if (id / 2000) % 2 == 0 { 6 } else { 3 };
+        match rng.below(10) {
+            x if x < arrive_bias => match workers[w].arrive(&store, now, 0, id, Class::Default) {
+                Arrival::Admit { slot: true } => held.push(w),
+                Arrival::Queue { evicted } => {
+                    queued.push((w, id));
+                    if let Some(e) = evicted {
+                        queued.retain(|q| q.1 != e.id);
+                    }
+                }
+                _ => {}
+            },
+            6..=8 if !held.is_empty() => {
+                let hw = held.remove(rng.below(held.len() as u64) as usize);
+                workers[hw].release(&store, 0);
+            }
+            9 if rng.below(20) == 0 => workers[w].return_leases(&store),
+            _ => {
+                for wake in workers[w].wake(&store, now, 0) {
+                    match wake {
+                        Wake::Resume { id, slot, .. } => {
+                            assert!(slot);
+                            queued.retain(|q| q.1 != id);
+                            held.push(w);
+                        }
+                        Wake::Shed { waiter } => queued.retain(|q| q.1 != waiter.id),
+                    }
+                }
+            }
+        }
+        let leased: u64 = workers.iter().map(|x| x.leased(0)).sum();
+        assert_eq!(
+            counters(&store),
+            (held.len() as u64 + leased, queued.len() as u64)
+        );
+        assert!(held.len() <= 128);
+    }
+    while let Some(hw) = held.pop() {
+        workers[hw].release(&store, 0);
+    }
+    for (qw, qid) in std::mem::take(&mut queued) {
+        assert!(workers[qw].cancel(&store, 0, qid));
+    }
+    for w in workers.iter_mut() {
+        w.return_leases(&store);
+    }
+    assert_eq!(counters(&store), (0, 0));
+}
+
 #[test]
 fn classes_come_from_rules_then_the_header_then_the_default() {
     let (sh, _) = shedders(
