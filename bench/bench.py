@@ -101,7 +101,8 @@ SCENARIOS = [
     {"id": "all", "label": "sluice RL + breaker + shedder", "kind": "sluice",
      "note": "one global rate-limit rule, a circuit breaker keyed by the upstream cluster (healthy "
              "upstream: stays closed) and a shedder with a global concurrency limit that is never "
-             "reached (so every request takes and releases a shared slot), all on the route",
+             "reached (every request takes and releases a slot, from its worker's lease of free slots "
+             "except when the lease is empty: see Slot leases in the README), all on the route",
      "filters": [wasm_filter({
          "rate_limits": [huge_rule("global")],
          "response": SAME_HEADERS,
