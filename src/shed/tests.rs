@@ -250,17 +250,75 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
     assert_eq!(a.queued(0), 1);
 }
 
+/// Three simulated workers over one store, and what the test driving
+/// them knows: the streams holding a slot and the streams waiting, by worker.
+struct Sim {
+    workers: [Shedders; 3],
+    store: MemoryStore,
+    held: Vec<(usize, u32)>,
+    queued: Vec<(usize, u32)>,
+}
+
+impl Sim {
+    fn new(json: &str) -> Self {
+        let (w0, store) = shedders(json);
+        let (w1, _) = shedders(json);
+        let (w2, _) = shedders(json);
+        Sim {
+            workers: [w0, w1, w2],
+            store,
+            held: Vec::new(),
+            queued: Vec::new(),
+        }
+    }
+
+    fn arrive(&mut self, w: usize, now: u64, id: u32, class: Class) {
+        match self.workers[w].arrive(&self.store, now, 0, id, class) {
+            Arrival::Admit { slot: true } => self.held.push((w, id)),
+            Arrival::Queue { evicted } => {
+                self.queued.push((w, id));
+                if let Some(e) = evicted {
+                    self.queued.retain(|q| q.1 != e.id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn release(&mut self, i: usize) {
+        let (hw, _) = self.held.remove(i);
+        self.workers[hw].release(&self.store, 0);
+    }
+
+    fn cancel(&mut self, i: usize) {
+        let (qw, qid) = self.queued.remove(i);
+        assert!(self.workers[qw].cancel(&self.store, 0, qid));
+    }
+
+    fn wake(&mut self, w: usize, now: u64) {
+        for wake in self.workers[w].wake(&self.store, now, 0) {
+            match wake {
+                Wake::Resume { id, slot, .. } => {
+                    assert!(slot);
+                    self.queued.retain(|q| q.1 != id);
+                    self.held.push((w, id));
+                }
+                Wake::Shed { waiter } => self.queued.retain(|q| q.1 != waiter.id),
+            }
+        }
+    }
+
+    fn leased(&self) -> u64 {
+        self.workers.iter().map(|x| x.leased(0)).sum()
+    }
+}
+
 #[test]
 fn property_slots_are_conserved_across_random_workers() {
     // Random arrivals, completions, cancellations and wakes on 3 workers:
     // the shared counter always equals the slots held, never exceeds max.
     let mut rng = crate::rng::SplitMix(3);
-    let (w0, store) = shedders(QUEUE);
-    let (w1, _) = shedders(QUEUE);
-    let (w2, _) = shedders(QUEUE);
-    let mut workers = [w0, w1, w2];
-    let mut held: Vec<(usize, u32)> = Vec::new();
-    let mut queued: Vec<(usize, u32)> = Vec::new();
+    let mut sim = Sim::new(QUEUE);
     let mut now = T0;
     for id in 0..3000u32 {
         now += rng.below(5);
@@ -269,41 +327,19 @@ fn property_slots_are_conserved_across_random_workers() {
             0 => {
                 let class =
                     [Class::Sheddable, Class::Default, Class::Critical][rng.below(3) as usize];
-                match workers[w].arrive(&store, now, 0, id, class) {
-                    Arrival::Admit { slot: true } => held.push((w, id)),
-                    Arrival::Queue { evicted } => {
-                        queued.push((w, id));
-                        if let Some(e) = evicted {
-                            queued.retain(|q| q.1 != e.id);
-                        }
-                    }
-                    _ => {}
-                }
+                sim.arrive(w, now, id, class);
             }
-            1 if !held.is_empty() => {
-                let (hw, _) = held.remove(rng.below(held.len() as u64) as usize);
-                workers[hw].release(&store, 0);
-            }
-            2 if !queued.is_empty() => {
-                let (qw, qid) = queued.remove(rng.below(queued.len() as u64) as usize);
-                assert!(workers[qw].cancel(&store, 0, qid));
-            }
-            _ => {
-                for wake in workers[w].wake(&store, now, 0) {
-                    match wake {
-                        Wake::Resume { id, slot, .. } => {
-                            assert!(slot);
-                            queued.retain(|q| q.1 != id);
-                            held.push((w, id));
-                        }
-                        Wake::Shed { waiter } => queued.retain(|q| q.1 != waiter.id),
-                    }
-                }
-            }
+            1 if !sim.held.is_empty() => sim.release(rng.below(sim.held.len() as u64) as usize),
+            2 if !sim.queued.is_empty() => sim.cancel(rng.below(sim.queued.len() as u64) as usize),
+            _ => sim.wake(w, now),
         }
-        assert_eq!(counters(&store), (held.len() as u64, queued.len() as u64));
-        assert!(held.len() <= 2);
-        assert!(workers.iter().all(|x| x.queued(0) <= 3));
+        assert_eq!(
+            counters(&sim.store),
+            (sim.held.len() as u64, sim.queued.len() as u64)
+        );
+        assert_eq!(sim.leased(), 0); // a limit of 2: no leases
+        assert!(sim.held.len() <= 2);
+        assert!(sim.workers.iter().all(|x| x.queued(0) <= 3));
     }
 }
 
@@ -363,12 +399,7 @@ fn property_leases_never_let_more_than_max_in_and_all_come_back() {
     // never exceeds max, and once everything ends and every worker ticks,
     // the counter is back to zero.
     let mut rng = crate::rng::SplitMix(11);
-    let (w0, store) = shedders(LEASED);
-    let (w1, _) = shedders(LEASED);
-    let (w2, _) = shedders(LEASED);
-    let mut workers = [w0, w1, w2];
-    let mut held: Vec<usize> = Vec::new();
-    let mut queued: Vec<(usize, u32)> = Vec::new();
+    let mut sim = Sim::new(LEASED);
     let mut now = T0;
     for id in 0..20_000u32 {
         now += rng.below(2);
@@ -377,51 +408,30 @@ fn property_leases_never_let_more_than_max_in_and_all_come_back() {
         // limit is reached in turn.
         let arrive_bias = if (id / 2000) % 2 == 0 { 6 } else { 3 };
         match rng.below(10) {
-            x if x < arrive_bias => match workers[w].arrive(&store, now, 0, id, Class::Default) {
-                Arrival::Admit { slot: true } => held.push(w),
-                Arrival::Queue { evicted } => {
-                    queued.push((w, id));
-                    if let Some(e) = evicted {
-                        queued.retain(|q| q.1 != e.id);
-                    }
-                }
-                _ => {}
-            },
-            6..=8 if !held.is_empty() => {
-                let hw = held.remove(rng.below(held.len() as u64) as usize);
-                workers[hw].release(&store, 0);
-            }
-            9 if rng.below(20) == 0 => workers[w].return_leases(&store),
-            _ => {
-                for wake in workers[w].wake(&store, now, 0) {
-                    match wake {
-                        Wake::Resume { id, slot, .. } => {
-                            assert!(slot);
-                            queued.retain(|q| q.1 != id);
-                            held.push(w);
-                        }
-                        Wake::Shed { waiter } => queued.retain(|q| q.1 != waiter.id),
-                    }
-                }
-            }
+            x if x < arrive_bias => sim.arrive(w, now, id, Class::Default),
+            6..=8 if !sim.held.is_empty() => sim.release(rng.below(sim.held.len() as u64) as usize),
+            9 if rng.below(20) == 0 => sim.workers[w].return_leases(&sim.store),
+            _ => sim.wake(w, now),
         }
-        let leased: u64 = workers.iter().map(|x| x.leased(0)).sum();
         assert_eq!(
-            counters(&store),
-            (held.len() as u64 + leased, queued.len() as u64)
+            counters(&sim.store),
+            (
+                sim.held.len() as u64 + sim.leased(),
+                sim.queued.len() as u64
+            )
         );
-        assert!(held.len() <= 128);
+        assert!(sim.held.len() <= 128);
     }
-    while let Some(hw) = held.pop() {
-        workers[hw].release(&store, 0);
+    while !sim.held.is_empty() {
+        sim.release(0);
     }
-    for (qw, qid) in std::mem::take(&mut queued) {
-        assert!(workers[qw].cancel(&store, 0, qid));
+    while !sim.queued.is_empty() {
+        sim.cancel(0);
     }
-    for w in workers.iter_mut() {
-        w.return_leases(&store);
+    for w in sim.workers.iter_mut() {
+        w.return_leases(&sim.store);
     }
-    assert_eq!(counters(&store), (0, 0));
+    assert_eq!(counters(&sim.store), (0, 0));
 }
 
 #[test]
