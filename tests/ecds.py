@@ -83,7 +83,7 @@ class EcdsStack(Pair):
     (default: `plugin_config` with vm_id "sluice")."""
 
     def __init__(self, configuration, resource_name="sluice", concurrency=2, log_level="info",
-                 wasm_config=None, stats_config=None):
+                 wasm_config=None, stats_config=None, upstream_port=None):
         self.wasm_config = wasm_config or (lambda c, name: plugin_config(c))
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-ecds-")
         configs = configuration if isinstance(configuration, dict) and "__many__" in configuration else None
@@ -97,8 +97,11 @@ class EcdsStack(Pair):
         for name, cfg in configs.items():
             self.push(cfg, name)
         self.port = free_port()
-        self.upstream_port = free_port()
-        self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
+        # The given upstream port (a server the caller runs), or an Envoy
+        # with a direct_response route started here.
+        self.upstream_port = upstream_port or free_port()
+        self.upstream = (None if upstream_port else
+                         Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1))
         filters = [ecds_filter(name, path) for name, path in self.paths.items()]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters)
         # xDS subscriptions, file-based ones included, need a node id and cluster.

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -192,26 +193,32 @@ class Envoy:
 
 
 class Pair:
-    """Starts `self.upstream` then `self.front` (both `Envoy`) and stops them
-    in reverse order; `cleanup()` runs after both are stopped, or if the
-    front fails to start."""
+    """Starts `self.upstream` then `self.front` (both `Envoy`; the upstream
+    may be None when the caller runs its own) and stops them in reverse
+    order; `cleanup()` runs after both are stopped, or if the front fails to
+    start."""
 
     def cleanup(self):
         pass
 
+    def _stop_upstream(self):
+        if self.upstream is not None:
+            self.upstream.__exit__()
+
     def __enter__(self):
-        self.upstream.__enter__()
+        if self.upstream is not None:
+            self.upstream.__enter__()
         try:
             self.front.__enter__()
         except Exception:
-            self.upstream.__exit__()
+            self._stop_upstream()
             self.cleanup()
             raise
         return self
 
     def __exit__(self, *exc):
         self.front.__exit__()
-        self.upstream.__exit__()
+        self._stop_upstream()
         self.cleanup()
 
 
@@ -243,3 +250,36 @@ def validate(plugin_config):
             capture_output=True, text=True, timeout=60,
         )
     return p.returncode == 0, p.stdout + p.stderr
+
+
+class SlowUpstream:
+    """tests/slow_upstream.py as a child process on a free port: at most
+    `capacity` requests served at once, each taking `delay_ms`; GET /__stats
+    tells the most it ever had in flight (`stats()`)."""
+
+    def __init__(self, capacity, delay_ms):
+        self.port = free_port()
+        self.args = [str(self.port), str(capacity), str(delay_ms)]
+        self.proc = None
+
+    def __enter__(self):
+        script = Path(__file__).with_name("slow_upstream.py")
+        self.proc = subprocess.Popen([sys.executable, str(script), *self.args], stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError("the slow upstream did not start")
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def stats(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:
+            return json.loads(r.read())

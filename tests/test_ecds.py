@@ -23,6 +23,7 @@ import pytest
 
 import http1
 from ecds import EcdsStack, Load, plugin_config
+from harness import SlowUpstream
 
 UPDATE_TIMEOUT = 15  # seconds; an update lands in well under one on an idle machine
 
@@ -168,3 +169,52 @@ def test_bad_first_configuration_leaves_the_filter_missing_500_until_a_good_one(
         s.push({"rate_limits": [{"name": "a", "bucket": {"rate": 1, "period": "1h", "burst": 1}}]})
         assert s.wait_stat("update_success", 1)
         assert wait_until(lambda: http1.get(s.port).status == 429)
+
+
+def test_a_replaced_configuration_gives_its_leased_shedder_slots_back():
+    """Updates that keep the same shedder must not leak the concurrency
+    slots the old configuration's workers had leased (see Slot leases in
+    the README): five updates under steady load, then a burst still gets
+    the whole limit. (Leases go back on every tick, and a configuration
+    that goes away returns what it still holds; on Envoy 1.40 the ticks
+    alone already returned them in this test.)"""
+    import threading
+
+    from test_shed import assert_burst_within_limit
+
+    shedder = {"name": "wide", "concurrency": {"max": 64, "queue": 0}}
+
+    def config(i):
+        # The rule's name changes the configuration; the shedder (and so its
+        # shared counter) stays the same.
+        return {"shedders": [shedder],
+                "rate_limits": [{"name": f"v{i}", "bucket": {"rate": 1, "period": "1s", "burst": 100000}}]}
+
+    stop = threading.Event()
+    statuses = []
+
+    def client():
+        c = http1.Conn(s.port)
+        while not stop.is_set():
+            statuses.append(c.request("/").status)
+        c.close()
+
+    with SlowUpstream(200, 300) as up, EcdsStack(config(0), upstream_port=up.port) as s:
+        # 30 clients on a 300 ms upstream: an arrival every 10 ms, so both
+        # workers hold leases nearly all the time, updates included.
+        clients = [threading.Thread(target=client) for _ in range(30)]
+        for t in clients:
+            t.start()
+        try:
+            for i in range(1, 6):
+                time.sleep(0.4)
+                s.push(config(i))
+                assert s.wait_stat("update_success", i + 1), s.front.logs()[-3000:]
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(10)
+        assert statuses and set(statuses) == {200}, sorted(set(statuses))
+        time.sleep(0.5)  # the last streams end; ticks return the current leases
+        assert_burst_within_limit(s.port, 64)
+        assert up.stats()["max_in_flight"] <= 64
