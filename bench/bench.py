@@ -461,6 +461,13 @@ def goals(agg, paced, acc, exact, rows_raw):
                     + (f"; noise floor: no-filter p99 ranged {spread[0]:.0f}–{spread[1]:.0f} µs over the "
                        "rounds" if (spread := p99_spread(rows_raw[how], c)) else ""))
     for sid in ("sluice", "all"):
+        a, none = get(sid, PACED["concurrency"], paced), get("none", PACED["concurrency"], paced)
+        if a and none:
+            add("(context) front Envoy CPU added per request over no filter", f"{sid}, paced, --concurrency 1",
+                f"{a['cpu_us_per_request'] - none['cpu_us_per_request']:+.0f} µs", "-", None,
+                "the filter's own work on a request's path, a steadier view of the latency it adds "
+                "than a p99 on this machine")
+    for sid in ("sluice", "all"):
         a = get(sid, 4)
         if a:
             add("CAS retries per request", f"{sid}, --concurrency 4",
