@@ -98,7 +98,7 @@ SCENARIOS = [
      "filters": native(HUGE, HUGE, "1s")},
     {"id": "floor", "label": "sluice loaded, config {} (the floor)", "kind": "sluice",
      "note": "sluice with an empty configuration: Envoy creates its VM context and enters the VM "
-             "4 times per request, and sluice does nothing; no wasm filter can cost less",
+             "4 times per request, and sluice does nothing: what sluice costs before its rules",
      "filters": [wasm_filter({})]},
     {"id": "sluice", "label": "sluice RL (1 global rule)", "kind": "sluice",
      "filters": sluice([huge_rule("global")])},
@@ -435,7 +435,7 @@ def goals(agg, paced, acc, exact, rows_raw):
         if a and a.get("rps_vs_native") is not None:
             add("(context) the floor: sluice loaded, no work, throughput vs native", f"--concurrency {c}",
                 f"{a['rps_vs_native']:.2f}x", "-", None,
-                "what any wasm filter costs here before doing anything; the goals above are relative to native")
+                "what loading sluice costs here before any rule runs; the goals above are relative to native")
     for c in CONCURRENCIES:
         a = get("all", c)
         if a and a.get("rps_vs_native") is not None:
