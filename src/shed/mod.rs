@@ -255,20 +255,20 @@ impl Shedders {
             .map_or(0, |l| l.queues.iter().map(VecDeque::len).sum())
     }
 
+    /// Shedder `s`'s concurrency limit, if it has one (queue mode).
+    fn limit(&self, s: usize) -> Option<u64> {
+        let conc = self.rules.get(s)?.spec.concurrency.as_ref()?;
+        Some(conc.max as u64)
+    }
+
     /// Applies `op` to the shared (in-flight, waiting) pair by CAS.
     /// Returns whether the op took effect (admissions need a free slot).
     fn counter(&mut self, store: &dyn Store, s: usize, op: Op) -> Result<bool, StoreError> {
         let Some(rule) = self.rules.get(s) else {
             return Ok(false);
         };
-        let max = rule.spec.concurrency.as_ref().map_or(u32::MAX, |c| c.max) as u64;
+        let max = self.limit(s).unwrap_or(u32::MAX as u64);
         let key = rule.inflight_key.clone();
-        // A direct admission also tops up this worker's lease while the
-        // counter is well under the limit (three quarters) and nobody waits.
-        let want = self
-            .local
-            .get(s)
-            .map_or(0, |l| lease_cap(max).saturating_sub(l.lease));
         let mut granted = 0;
         for _ in 0..=self.max_retries {
             let ((inflight, waiting), cas) = match store.get(&key)? {
@@ -291,6 +291,13 @@ impl Shedders {
                     return Ok(false);
                 }
                 Op::Direct => {
+                    // A direct admission also tops up this worker's lease while
+                    // the counter is well under the limit (three quarters) and
+                    // nobody waits.
+                    let want = self
+                        .local
+                        .get(s)
+                        .map_or(0, |l| lease_cap(max).saturating_sub(l.lease));
                     let calm = want > 0 && inflight + 1 + want <= max - max / 4;
                     granted = if calm { want } else { 0 };
                     (inflight + 1 + granted, waiting)
@@ -506,14 +513,10 @@ impl Shedders {
     /// Releases a concurrency slot (exactly once per admitted request: the
     /// caller holds the `slot` flag and clears it).
     pub fn release(&mut self, store: &dyn Store, s: usize) {
-        let max = self
-            .rules
-            .get(s)
-            .and_then(|r| r.spec.concurrency.as_ref())
-            .map_or(0, |c| c.max as u64);
+        let cap = lease_cap(self.limit(s).unwrap_or(0));
         if let Some(l) = self.local.get_mut(s) {
             // Kept for this worker's next arrival, unless someone waits here.
-            if l.calm && l.lease < lease_cap(max) && l.queues.iter().all(VecDeque::is_empty) {
+            if l.calm && l.lease < cap && l.queues.iter().all(VecDeque::is_empty) {
                 l.lease += 1;
                 return;
             }
