@@ -16,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import http1
+
 ROOT = Path(__file__).resolve().parent.parent
 WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
@@ -283,3 +285,12 @@ class SlowUpstream:
     def stats(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:
             return json.loads(r.read())
+
+
+def assert_burst_within_limit(port, limit, n=100, workers=2):
+    """n requests at once on n connections: never more than `limit` admitted,
+    and at most the 2 slots a worker may hold in a lease left unused."""
+    got = [b[0].status for b in http1.burst(port, [[http1.build("/")] for _ in range(n)])]
+    ok = got.count(200)
+    assert limit - 2 * workers <= ok <= limit, got
+    assert got.count(503) == n - ok

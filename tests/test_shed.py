@@ -7,7 +7,7 @@ import threading
 import time
 
 import http1
-from harness import Envoy, SlowUpstream, free_port, front_bootstrap, wasm_filter
+from harness import Envoy, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, wasm_filter
 
 SLOW_MS = 20
 
@@ -213,11 +213,3 @@ def test_with_leased_slots_the_limit_still_holds_across_workers_and_nothing_leak
             assert front.stat("wasmcustom.sluice_shed_in_flight.shedder.wide") == 0
         assert up.stats()["max_in_flight"] <= 64
 
-
-def assert_burst_within_limit(port, limit, n=100, workers=2):
-    """n requests at once on n connections: never more than `limit` admitted,
-    and at most the 2 slots a worker may hold in a lease left unused."""
-    got = [b[0].status for b in http1.burst(port, [[http1.build("/")] for _ in range(n)])]
-    ok = got.count(200)
-    assert limit - 2 * workers <= ok <= limit, got
-    assert got.count(503) == n - ok
