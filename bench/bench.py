@@ -228,6 +228,7 @@ def one_round(sc, concurrency, upstream_port, args, tmp, connections=None, delay
         t0 = cpu_ticks(f.proc.pid)
         w = wrk(f.port, args.duration, connections or args.connections, delay_ms, tmp)
         cpu = cpu_ticks(f.proc.pid) - t0
+        time.sleep(harness.METRICS_LAG_S)  # sluice's counters reach Envoy on a tick
         after = sums(f.stats())
         rss = rss_kb(f.proc.pid)
     d = {k: after[k] - before[k] for k in after}
@@ -314,7 +315,7 @@ def accuracy(kind, upstream_port, args, tmp):
     with Front(filters, upstream_port, args.acc_concurrency) as f:
         before = sums(f.stats())
         w = wrk(f.port, args.acc_duration, conns, args.acc_delay_ms, tmp)
-        time.sleep(0.2)
+        time.sleep(harness.METRICS_LAG_S)
         after = sums(f.stats())
     secs = w["duration_us"] / 1e6
     admitted = w["requests"] - w["non2xx"]
@@ -340,6 +341,7 @@ def exactness(kind, upstream_port):
         before = sums(f.stats())
         batches = [[http1.build()] * 50 for _ in range(20)]
         got = [r.status for batch in http1.burst(f.port, batches) for r in batch]
+        time.sleep(harness.METRICS_LAG_S)
         after = sums(f.stats())
     return {"filter": kind, "burst": 200, "requests": len(got), "ok": got.count(200),
             "refused": got.count(429), "over_admission": got.count(200) - 200,

@@ -21,6 +21,9 @@ import http1
 ROOT = Path(__file__).resolve().parent.parent
 WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
+# sluice hands its metric changes to Envoy on every worker's 100 ms tick:
+# three ticks cover a tick that runs late on a busy machine.
+METRICS_LAG_S = 0.3
 STATS_TAGS = [
     {"tag_name": "rule", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"},
     {"tag_name": "breaker", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.breaker\.([A-Za-z0-9_-]+))$"},
@@ -191,6 +194,10 @@ class Envoy:
         return out
 
     def stat(self, name, default=0):
+        """One stat. sluice's own (`wasmcustom.`) metrics reach Envoy on each
+        worker's 100 ms tick, so reading one first waits out a tick."""
+        if name.startswith("wasmcustom."):
+            time.sleep(METRICS_LAG_S)
         return self.stats().get(name, default)
 
 

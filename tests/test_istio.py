@@ -13,13 +13,14 @@ failStrategy (istio/istio pilot/pkg/model/extensions.go).
 import json
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 import http1
 from ecds import WASM_TYPE, EcdsStack, several
-from harness import ROOT, WASM
+from harness import METRICS_LAG_S, ROOT, WASM
 from test_ecds import body_rule, wait_until
 
 ISTIO = ROOT / "examples/istio"
@@ -245,6 +246,7 @@ def test_metrics_reach_prometheus_with_istio_stats_config():
         with m.stack(stats_config=istio_stats(prefixes)) as s:
             for _ in range(11):
                 http1.get(s.port)
+            time.sleep(METRICS_LAG_S)  # sluice's counters reach Envoy on a tick
             prom = s.front.admin("/stats/prometheus")
         if expect:
             assert re.search(r'^sluice_rl_allowed\{rule="per-client"\} 10$', prom, re.M), prom[:2000]

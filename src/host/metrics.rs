@@ -1,12 +1,57 @@
-//! Envoy metrics for the limiter. Names are `sluice_rl_<what>.rule.<rule>`:
-//! Envoy shows them as `wasmcustom.sluice_rl_<what>.rule.<rule>` in /stats,
-//! and with the `stats_tags` shipped in `envoy/`, as
-//! `sluice_rl_<what>{rule="<rule>"}` in /stats/prometheus.
+//! Envoy metrics. Names are `sluice_<mechanism>_<what>.<tag>.<name>`, such
+//! as `sluice_rl_allowed.rule.<rule>`: Envoy shows them with a `wasmcustom.`
+//! prefix in /stats, and with the `stats_tags` shipped in `envoy/`, as
+//! `sluice_rl_allowed{rule="<rule>"}` in /stats/prometheus.
+//!
+//! Counters and gauges that change per request are not handed to Envoy one
+//! host call at a time: `add` merges the changes per metric in the VM and
+//! every worker's 100 ms tick (`flush`) hands them over, one host call per
+//! metric that changed. Breaker transitions and state are set at once.
 
 use crate::breaker::Transition;
 use crate::limiter::{Evaluation, RuleResult};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use std::cell::RefCell;
+
+std::thread_local! {
+    /// Changes not yet handed to Envoy, by metric id (ids are per VM, so
+    /// this is too). Entries stay, at zero, once flushed: at most one per
+    /// metric this VM defined.
+    static PENDING: RefCell<Vec<(u32, i64)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Adds `by` to a counter or gauge, handed to Envoy at the next `flush`.
+pub fn add(id: u32, by: i64) {
+    PENDING.with(|p| match p.try_borrow_mut() {
+        Ok(mut p) => match p.iter_mut().find(|(m, _)| *m == id) {
+            Some((_, d)) => *d = d.saturating_add(by),
+            None => p.push((id, by)),
+        },
+        Err(_) => {
+            let _ = hostcalls::increment_metric(id, by);
+        }
+    });
+}
+
+/// Hands every pending change to Envoy (on each tick and when a
+/// configuration goes away).
+pub fn flush() {
+    PENDING.with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            for (id, d) in p.iter_mut().filter(|(_, d)| *d != 0) {
+                let _ = hostcalls::increment_metric(*id, *d);
+                *d = 0;
+            }
+        }
+    });
+}
+
+/// Defines (or finds) the metric `sluice_<prefix><what>.<tag>.<name>` in
+/// this VM.
+pub fn define(kind: MetricType, prefix: &str, what: &str, tag: &str, name: &str) -> u32 {
+    hostcalls::define_metric(kind, &format!("sluice_{prefix}{what}.{tag}.{name}")).unwrap_or(0)
+}
 
 /// Metric ids of one rule, in this VM.
 #[derive(Default, Clone, Copy)]
@@ -26,8 +71,8 @@ pub struct Metrics {
     rules: Vec<RuleMetrics>,
 }
 
-fn define(kind: MetricType, what: &str, rule: &str) -> u32 {
-    hostcalls::define_metric(kind, &format!("sluice_rl_{what}.rule.{rule}")).unwrap_or(0)
+fn define_rl(kind: MetricType, what: &str, rule: &str) -> u32 {
+    define(kind, "rl_", what, "rule", rule)
 }
 
 impl Metrics {
@@ -37,16 +82,16 @@ impl Metrics {
         let rules = rules
             .iter()
             .map(|&(name, table)| {
-                let gauge = define(MetricType::Gauge, "table_entries", name);
+                let gauge = define_rl(MetricType::Gauge, "table_entries", name);
                 let _ = hostcalls::record_metric(gauge, table as u64);
                 RuleMetrics {
-                    allowed: define(MetricType::Counter, "allowed", name),
-                    limited: define(MetricType::Counter, "limited", name),
-                    shadow_limited: define(MetricType::Counter, "shadow_limited", name),
-                    store_failures: define(MetricType::Counter, "store_failures", name),
-                    cas_retries: define(MetricType::Counter, "cas_retries", name),
-                    corrupt: define(MetricType::Counter, "corrupt_state", name),
-                    collisions: define(MetricType::Counter, "collisions", name),
+                    allowed: define_rl(MetricType::Counter, "allowed", name),
+                    limited: define_rl(MetricType::Counter, "limited", name),
+                    shadow_limited: define_rl(MetricType::Counter, "shadow_limited", name),
+                    store_failures: define_rl(MetricType::Counter, "store_failures", name),
+                    cas_retries: define_rl(MetricType::Counter, "cas_retries", name),
+                    corrupt: define_rl(MetricType::Counter, "corrupt_state", name),
+                    collisions: define_rl(MetricType::Counter, "collisions", name),
                 }
             })
             .collect();
@@ -65,15 +110,15 @@ impl Metrics {
                 RuleResult::ShadowLimited => m.shadow_limited,
                 RuleResult::StoreFailure => m.store_failures,
             };
-            let _ = hostcalls::increment_metric(id, 1);
+            add(id, 1);
             if r.cas_retries > 0 {
-                let _ = hostcalls::increment_metric(m.cas_retries, r.cas_retries as i64);
+                add(m.cas_retries, i64::from(r.cas_retries));
             }
             if r.corrupt {
-                let _ = hostcalls::increment_metric(m.corrupt, 1);
+                add(m.corrupt, 1);
             }
             if r.collision {
-                let _ = hostcalls::increment_metric(m.collisions, 1);
+                add(m.collisions, 1);
             }
         }
     }
@@ -101,7 +146,7 @@ pub struct BreakerMetrics {
 }
 
 fn define_cb(kind: MetricType, what: &str, name: &str) -> u32 {
-    hostcalls::define_metric(kind, &format!("sluice_cb_{what}.breaker.{name}")).unwrap_or(0)
+    define(kind, "cb_", what, "breaker", name)
 }
 
 impl BreakerMetrics {
@@ -146,19 +191,19 @@ impl BreakerMetrics {
 
     pub fn fast_failed(&self, breaker: usize) {
         if let Some(m) = self.breakers.get(breaker) {
-            let _ = hostcalls::increment_metric(m.fast_failed, 1);
+            add(m.fast_failed, 1);
         }
     }
 
     pub fn probe(&self, breaker: usize) {
         if let Some(m) = self.breakers.get(breaker) {
-            let _ = hostcalls::increment_metric(m.probes, 1);
+            add(m.probes, 1);
         }
     }
 
     pub fn store_failures(&self, n: u64) {
         if n > 0 {
-            let _ = hostcalls::increment_metric(self.store_failures, n as i64);
+            add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 }

@@ -35,12 +35,14 @@ pub struct Plugin {
 }
 
 /// A configuration going away (replaced, or the plugin removed) gives its
-/// leased concurrency slots back: the next configuration may share them.
+/// leased concurrency slots back (the next configuration may share them)
+/// and hands its last metric changes to Envoy.
 impl Drop for Plugin {
     fn drop(&mut self) {
         if self.has_shedders() {
             self.shed_return_leases();
         }
+        super::metrics::flush();
     }
 }
 

@@ -124,11 +124,12 @@ impl RootContext for Root {
         }
         let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
         let shed_metrics = ShedMetrics::define(&names);
-        // A slow tick merges each VM's batched breaker successes when traffic
-        // stops; while requests wait in a sluice queue, the tick runs every
-        // millisecond to let them in when a slot frees on another worker
-        // (see `Plugin::fast_tick`).
-        if !config.breakers.is_empty() || !config.shedders.is_empty() {
+        // A slow tick hands the batched metric changes to Envoy, merges each
+        // VM's batched breaker successes when traffic stops and returns
+        // leased shedder slots; while requests wait in a sluice queue, the
+        // tick runs every millisecond to let them in when a slot frees on
+        // another worker (see `Plugin::fast_tick`).
+        if !config.rules.is_empty() || !config.breakers.is_empty() || !config.shedders.is_empty() {
             self.set_tick_period(SLOW_TICK);
         }
         let policies = config
@@ -168,6 +169,7 @@ impl RootContext for Root {
                 plugin.shed_wake(None);
                 plugin.slow_tick_when_idle();
             }
+            super::metrics::flush();
         }
     }
 

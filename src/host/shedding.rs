@@ -8,6 +8,7 @@
 //! makes the release happen exactly once.
 
 use super::http::{now_ns, reject};
+use super::metrics;
 use super::plugin::Plugin;
 use super::store::SharedData;
 use crate::response::shed_rejection;
@@ -36,11 +37,11 @@ pub struct ShedMetrics {
 }
 
 fn define(kind: MetricType, what: &str, name: &str) -> u32 {
-    hostcalls::define_metric(kind, &format!("sluice_shed_{what}.shedder.{name}")).unwrap_or(0)
+    metrics::define(kind, "shed_", what, "shedder", name)
 }
 
 fn bump(id: u32, by: i64) {
-    let _ = hostcalls::increment_metric(id, by);
+    metrics::add(id, by);
 }
 
 impl ShedMetrics {
