@@ -12,7 +12,7 @@ PY              := $(VENV)/bin/python
 WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
-.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench
+.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions
 
 all: build
 
@@ -74,3 +74,8 @@ BENCH_ARGS ?=
 bench: build $(ENVOY)
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+# Instructions per request under valgrind: deterministic, unlike CPU time.
+bench-instructions: build $(ENVOY)
+	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
+	$(PY) bench/instructions.py $(BENCH_ARGS)
