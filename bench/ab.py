@@ -42,12 +42,7 @@ def main():
     ap.add_argument("--duration", type=int, default=3, help="seconds per measured round")
     ap.add_argument("--concurrency", type=int, default=1, help="front Envoy workers")
     args = ap.parse_args()
-    variants = []
-    for v in args.variants:
-        name, sep, path = v.partition("=")
-        if not sep or not Path(path).is_file():
-            sys.exit(f"expected NAME=FILE.wasm with an existing file, got {v!r}")
-        variants.append((name, path))
+    variants = bench.parse_variants(args.variants)
     cfg = CONFIGS[args.config]
     scenarios = [{"id": "none", "label": "no filter", "kind": "none", "filters": []},
                  {"id": "native", "label": "native", "kind": "native",

@@ -58,6 +58,17 @@ TENANT_HEADER = ("x-tenant", "bench")
 SAME_HEADERS = {"ratelimit_headers": "legacy", "headers_on_allowed": True}
 
 
+def parse_variants(specs):
+    """`NAME=FILE.wasm` arguments (builds to compare) as (name, path) pairs."""
+    variants = []
+    for v in specs:
+        name, sep, path = v.partition("=")
+        if not sep or not Path(path).is_file():
+            sys.exit(f"expected NAME=FILE.wasm with an existing file, got {v!r}")
+        variants.append((name, path))
+    return variants
+
+
 def huge_rule(name, key=None):
     r = {"name": name, "bucket": {"rate": HUGE, "period": "1s", "burst": HUGE}}
     if key is not None:

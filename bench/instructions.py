@@ -25,14 +25,12 @@ more per request than at full speed.
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,39 +66,21 @@ def filters_for(kind, cfg, wasm):
     return [wasm_filter(cfg, wasm=wasm)]
 
 
-def count(filters, upstream_port, warmup, requests, tmp, timeout_s=300):
+def count(filters, upstream_port, warmup, requests, tmp):
     """Instructions the front Envoy executed while answering `requests`."""
-    port, admin = free_port(), free_port()
-    d = Path(tempfile.mkdtemp(dir=tmp))
-    (d / "envoy.json").write_text(json.dumps(front_bootstrap(port, admin, upstream_port, filters)))
-    out = d / "callgrind.out"
-    log = open(d / "envoy.log", "w")
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--smc-check=all-non-file",
-         "--dump-instr=no", f"--callgrind-out-file={out}",
-         harness.ENVOY, "-c", str(d / "envoy.json"), "--concurrency", "1",
-         "--base-id", str(harness.next_base_id()), "-l", "warn", "--disable-hot-restart"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"envoy under valgrind exited {proc.returncode}: see {d}/envoy.log")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("envoy under valgrind did not become ready")
-            time.sleep(0.5)
+    port = free_port()
+    out = Path(tempfile.mkdtemp(dir=tmp)) / "callgrind.out"
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--smc-check=all-non-file",
+                "--dump-instr=no", f"--callgrind-out-file={out}"]
+    # Under valgrind Envoy starts, answers and writes its counts out slowly.
+    with Envoy(front_bootstrap(port, free_port(), upstream_port, filters), concurrency=1,
+               wrapper=valgrind, ready_s=300, stop_s=120) as front:
         conn = http1.Conn(port, timeout=60)
         headers = dict([bench.TENANT_HEADER])
         for _ in range(warmup):
             if conn.request(headers=headers).status != 200:
                 raise RuntimeError("a warm-up request was not answered 200")
-        ctl = ["callgrind_control", "--instr=on", str(proc.pid)]
+        ctl = ["callgrind_control", "--instr=on", str(front.proc.pid)]
         subprocess.run(ctl, check=True, capture_output=True, timeout=60)
         t0 = time.time()
         statuses = [conn.request(headers=headers).status for _ in range(requests)]
@@ -110,20 +90,15 @@ def count(filters, upstream_port, warmup, requests, tmp, timeout_s=300):
         conn.close()
         if statuses.count(200) != requests:
             raise RuntimeError(f"only {statuses.count(200)} of {requests} measured requests were answered 200")
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(120)
-        log.close()
     total = 0
-    for f in d.glob("callgrind.out*"):
+    for f in out.parent.glob("callgrind.out*"):
         for line in f.read_text(errors="replace").splitlines():
             m = re.match(r"(?:totals|summary):\s+(\d+)", line)
             if m:
                 total = max(total, int(m.group(1)))
     if not total:
-        raise RuntimeError(f"no instruction total in {d}")
-    shutil.rmtree(d, ignore_errors=True)
+        raise RuntimeError(f"no instruction total in {out.parent}")
+    shutil.rmtree(out.parent, ignore_errors=True)
     return {"instructions_per_request": total / requests, "requests": requests,
             "rps_under_valgrind": requests / elapsed}
 
@@ -139,12 +114,7 @@ def main():
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("valgrind not found: apt-get install -y valgrind (make bench-instructions does this)")
-    variants = []
-    for v in args.variants or [f"sluice={harness.WASM}"]:
-        name, sep, path = v.partition("=")
-        if not sep or not Path(path).is_file():
-            sys.exit(f"expected NAME=FILE.wasm with an existing file, got {v!r}")
-        variants.append((name, path))
+    variants = bench.parse_variants(args.variants or [f"sluice={harness.WASM}"])
     wanted = args.scenarios.split(",")
     unknown = set(wanted) - {s[0] for s in SCENARIOS}
     if unknown:

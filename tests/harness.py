@@ -135,10 +135,15 @@ def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, 
 class Envoy:
     """A running Envoy; use as a context manager."""
 
-    def __init__(self, bootstrap, concurrency=2, log_level="warn"):
+    def __init__(self, bootstrap, concurrency=2, log_level="warn", wrapper=(), ready_s=20, stop_s=10):
+        """`wrapper`: a command that runs Envoy (valgrind, say), with the
+        seconds it may take to become ready and to stop."""
         self.bootstrap = bootstrap
         self.concurrency = concurrency
         self.log_level = log_level
+        self.wrapper = list(wrapper)
+        self.ready_s = ready_s
+        self.stop_s = stop_s
         self.admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
         self.proc = None
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-envoy-")
@@ -149,11 +154,11 @@ class Envoy:
         cfg.write_text(json.dumps(self.bootstrap))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [ENVOY, "-c", str(cfg), "--concurrency", str(self.concurrency), "--base-id", str(next_base_id()),
+            self.wrapper + [ENVOY, "-c", str(cfg), "--concurrency", str(self.concurrency), "--base-id", str(next_base_id()),
              "-l", self.log_level, "--disable-hot-restart"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
-        deadline = time.time() + 20
+        deadline = time.time() + self.ready_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited {self.proc.returncode}:\n{self.logs()[-4000:]}")
@@ -171,7 +176,7 @@ class Envoy:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(self.stop_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
