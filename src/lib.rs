@@ -34,6 +34,8 @@ pub mod store;
 mod config_tests;
 #[cfg(test)]
 mod limiter_tests;
+#[cfg(test)]
+mod store_tests;
 
 #[cfg(target_os = "wasi")]
 mod host;

@@ -5,7 +5,11 @@
 //! Protocol per request (see the README, "How it works"):
 //! 1. Read each matching rule's one or two slots (value + CAS token). A
 //!    rule's state is the *lower* TAT of its slots (count-min sketch); the
-//!    slot holding it is the rule's *decision slot*.
+//!    slot holding it is the rule's *decision slot*. A read may come from
+//!    the store's memory of this VM's own last write (`get_for_update`):
+//!    the CAS of step 3 then checks it; a refusal, which writes nothing,
+//!    is decided again on a fresh read; and a remembered value that proves
+//!    out of date is read again without counting as a conflict.
 //! 2. If any enforcing rule refuses, answer with a refusal and write nothing:
 //!    a refused request spends no token anywhere.
 //! 3. Otherwise commit rule by rule: first raise the other slot to at least
@@ -95,6 +99,9 @@ struct Read {
     cas: Option<u32>,
     slot: Slot,
     corrupt: bool,
+    /// From the store's memory of this VM's last write (see
+    /// `Store::get_for_update`): good for a CAS write, maybe out of date.
+    remembered: bool,
 }
 
 struct Pending {
@@ -111,6 +118,8 @@ struct Pending {
 enum Commit {
     Done,
     Conflict,
+    /// The decision slot's remembered value was out of date.
+    Stale,
     Failed,
 }
 
@@ -238,7 +247,7 @@ impl Limiter {
                 continue;
             };
             let cost = Self::cost(spec, req);
-            match self.read(store, i, placement, cost, now_ns) {
+            match self.read(store, i, placement, cost, now_ns, false) {
                 Some(p) => pending.push(p),
                 None => reports.push(self.failure_report(i, cost, 0)),
             }
@@ -267,20 +276,26 @@ impl Limiter {
         placement: Placement,
         cost: u64,
         now_ns: u64,
+        fresh: bool,
     ) -> Option<Pending> {
         let spec = &self.rules.get(rule)?.spec;
         let mut reads = Vec::with_capacity(placement.count);
         for &slot in placement.slots() {
             let key = self.slot_key(rule, slot);
-            let entry = store.get(&key).ok()?;
-            let (cas, decoded) = match entry {
-                Some(e) => (e.cas, Slot::decode(&e.bytes).ok()),
+            let entry = if fresh {
+                store.get(&key)
+            } else {
+                store.get_for_update(&key)
+            };
+            let (cas, decoded, remembered) = match entry.ok()? {
+                Some(e) => (e.cas, Slot::decode(&e.bytes).ok(), e.remembered),
                 None => (
                     None,
                     Some(Slot {
                         fingerprint: 0,
                         tat: 0,
                     }),
+                    false,
                 ),
             };
             // Corrupt state is rebuilt under the failure policy: a full
@@ -299,6 +314,7 @@ impl Limiter {
                 cas,
                 slot,
                 corrupt,
+                remembered,
             });
         }
         let decision = reads
@@ -308,6 +324,10 @@ impl Limiter {
             .map_or(0, |(i, _)| i);
         let state = reads.get(decision)?.slot;
         let outcome = spec.bucket.decide(state.tat, now_ns, cost);
+        if !outcome.allowed() && reads.iter().any(|r| r.remembered) {
+            // No write will check a remembered value behind a refusal.
+            return self.read(store, rule, placement, cost, now_ns, true);
+        }
         let now = spec.bucket.scaled_now(now_ns);
         let collision =
             state.fingerprint != 0 && state.fingerprint != placement.tag() && state.tat > now;
@@ -370,24 +390,31 @@ impl Limiter {
                 i += 1; // a shadow rule that would refuse is not charged
                 continue;
             }
-            match self.commit(store, p) {
-                Commit::Done => i += 1,
+            let retries = match self.commit(store, p) {
+                Commit::Done => {
+                    i += 1;
+                    continue;
+                }
+                // A remembered value out of date is not a conflict with a
+                // concurrent request: read it and decide again, uncounted.
+                Commit::Stale => p.report.cas_retries,
                 Commit::Conflict if p.report.cas_retries < self.max_retries => {
-                    let retries = p.report.cas_retries + 1;
-                    match self.read(store, p.rule, p.placement, p.cost, now_ns) {
-                        Some(mut fresh) => {
-                            fresh.report.cas_retries = retries;
-                            *p = fresh;
-                        }
-                        None => {
-                            let r = self.failure_report(p.rule, p.cost, retries);
-                            reports.push(r);
-                            pending.remove(i);
-                        }
-                    }
+                    p.report.cas_retries + 1
                 }
                 Commit::Conflict | Commit::Failed => {
                     let r = self.failure_report(p.rule, p.cost, p.report.cas_retries);
+                    reports.push(r);
+                    pending.remove(i);
+                    continue;
+                }
+            };
+            match self.read(store, p.rule, p.placement, p.cost, now_ns, true) {
+                Some(mut fresh) => {
+                    fresh.report.cas_retries = retries;
+                    *p = fresh;
+                }
+                None => {
+                    let r = self.failure_report(p.rule, p.cost, retries);
                     reports.push(r);
                     pending.remove(i);
                 }
@@ -461,14 +488,7 @@ impl Limiter {
             if j == p.decision || (read.slot.tat >= new_tat && !read.corrupt) {
                 continue;
             }
-            if !self.raise(
-                store,
-                &read.key,
-                read.cas,
-                fingerprint,
-                new_tat,
-                &mut p.report.cas_retries,
-            ) {
+            if !self.raise(store, read, fingerprint, new_tat, &mut p.report.cas_retries) {
                 return Commit::Failed;
             }
         }
@@ -484,30 +504,37 @@ impl Limiter {
                 p.committed = Some((read.slot, after));
                 Commit::Done
             }
+            Err(StoreError::CasMismatch) if read.remembered => Commit::Stale,
             Err(StoreError::CasMismatch) => Commit::Conflict,
             Err(StoreError::Unavailable) => Commit::Failed,
         }
     }
 
-    /// Raises a slot's TAT to at least `tat`, retrying conflicts.
+    /// Raises a slot's TAT to at least `tat`, retrying conflicts. (Slots of
+    /// two-slot tables only ever rise, so a remembered TAT at least `tat`,
+    /// which skipped this call, is a true lower bound too.)
     fn raise(
         &self,
         store: &dyn Store,
-        key: &str,
-        mut cas: Option<u32>,
+        read: &Read,
         fingerprint: u32,
         tat: u128,
         retries: &mut u32,
     ) -> bool {
+        let key = read.key.as_str();
+        let mut cas = read.cas;
+        let mut remembered = read.remembered;
         loop {
             match store.set(key, &Slot { fingerprint, tat }.encode(), cas) {
                 Ok(()) => return true,
                 Err(StoreError::Unavailable) => return false,
                 Err(StoreError::CasMismatch) => {}
             }
-            *retries += 1;
-            if *retries > self.max_retries {
-                return false;
+            if !std::mem::take(&mut remembered) {
+                *retries += 1;
+                if *retries > self.max_retries {
+                    return false;
+                }
             }
             match store.get(key) {
                 Ok(Some(e)) => match Slot::decode(&e.bytes) {

@@ -374,3 +374,77 @@ fn unmatched_rules_and_skipped_keys_do_not_apply() {
     }
     let _ = store.get("x");
 }
+
+#[test]
+fn property_exact_with_workers_remembering_their_writes() {
+    // As above, but every worker skips reads where its memory allows: its
+    // writes interleave with the others' at random, and long stretches run
+    // on one worker. Still exactly B admitted, and reads were skipped.
+    use crate::store::Remembering;
+    let mut skipped = 0;
+    for seed in 0..40u64 {
+        let burst = 1 + seed * 7 % 60;
+        let json = format!(
+            r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],"bucket":{{"rate":1,"period":"1h","burst":{burst}}}}},
+                {{"name":"g","bucket":{{"rate":1,"period":"1h","burst":100000}}}}]}}"#
+        );
+        let (l, store) = ready(&json);
+        let host = Rc::new(store);
+        let ours = Remembering::new(host.clone());
+        let theirs = Remembering::new(Rc::downgrade(&host));
+        let admitted = Rc::new(Cell::new(0u64));
+        let rng = Rc::new(std::cell::RefCell::new(SplitMix(seed)));
+        let (l2, a2, r2) = (l.clone(), admitted.clone(), rng.clone());
+        let depth = Rc::new(Cell::new(0));
+        let d2 = depth.clone();
+        *host.before_set.borrow_mut() = Some(Box::new(move |_: &MemoryStore, _key: &str| {
+            if d2.get() < 3 && r2.borrow_mut().below(8) == 0 {
+                d2.set(d2.get() + 1);
+                if l2
+                    .evaluate(&theirs, NOW, &FakeRequest::new("GET", "/"))
+                    .verdict
+                    == Verdict::Allow
+                {
+                    a2.set(a2.get() + 1);
+                }
+                d2.set(d2.get() - 1);
+            }
+        }));
+        for _ in 0..burst * 3 {
+            if l.evaluate(&ours, NOW, &FakeRequest::new("GET", "/"))
+                .verdict
+                == Verdict::Allow
+            {
+                admitted.set(admitted.get() + 1);
+            }
+        }
+        assert_eq!(admitted.get(), burst, "seed {seed}");
+        skipped += ours.take_counts().0;
+    }
+    assert!(skipped > 100, "only {skipped} reads skipped");
+}
+
+#[test]
+fn a_refusal_is_never_decided_on_a_remembered_value() {
+    // A worker remembers the bucket it emptied; another worker's refund
+    // (here: a raw write) fills it again. The next request must see that.
+    use crate::store::Remembering;
+    let (l, store) =
+        ready(r#"{"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":4}}]}"#);
+    let host = Rc::new(store);
+    let vm = Remembering::new(host.clone());
+    for _ in 0..4 {
+        assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+    }
+    assert_ne!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+    assert!(vm.take_counts().0 > 0, "the bucket's reads were skipped");
+    host.raw_set(
+        &l.slot_key(0, 0),
+        &Slot {
+            fingerprint: 0,
+            tat: 0,
+        }
+        .encode(),
+    );
+    assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+}

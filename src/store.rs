@@ -4,12 +4,32 @@
 //! Semantics follow proxy-wasm: `get` returns the bytes and a CAS token;
 //! `set` with a token fails with `CasMismatch` if anyone wrote the key since;
 //! `set` without a token writes unconditionally (used only to create keys).
+//!
+//! [`Remembering`] wraps a store so that a VM writing the same key again and
+//! again (one worker, or a quiet moment) can skip the read before each write.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// One stored value and its CAS token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub bytes: Vec<u8>,
     pub cas: Option<u32>,
+    /// Answered from this VM's memory of its own last write, without asking
+    /// the host (see [`Store::get_for_update`]).
+    pub remembered: bool,
+}
+
+impl Entry {
+    /// An entry read from the host.
+    pub fn read(bytes: Vec<u8>, cas: Option<u32>) -> Self {
+        Entry {
+            bytes,
+            cas,
+            remembered: false,
+        }
+    }
 }
 
 /// A store error. A conflict is an ordinary outcome, not a failure.
@@ -27,6 +47,228 @@ pub trait Store {
     fn get(&self, key: &str) -> Result<Option<Entry>, StoreError>;
     /// Writes `value`; with `cas`, only if the key is unchanged since read.
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
+    /// Like `get`, for a caller that will write the key back with the
+    /// returned CAS token: the answer may come from memory (`remembered`)
+    /// and be out of date, which that write then reveals by failing with
+    /// `CasMismatch`. A caller that decides *not* to write after a
+    /// remembered answer must read again with `get` before acting on it.
+    fn get_for_update(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        self.get(key)
+    }
+}
+
+/// How many right guesses in a row a key needs before its reads are skipped.
+const TRUST: u8 = 2;
+/// At most this many keys are remembered.
+const MAX_REMEMBERED: usize = 4096;
+
+/// What this VM remembers of its last write to one key.
+struct Memory {
+    bytes: Vec<u8>,
+    /// The version the key has if nobody wrote it since (0: not known).
+    version: u32,
+    /// Consecutive reads that found the key at `version` (the guess held).
+    streak: u8,
+    /// `version` was handed out by `get_for_update` and not yet written.
+    lent: bool,
+    /// Written since the last `age`.
+    used: bool,
+}
+
+#[derive(Default)]
+struct Memo {
+    keys: HashMap<String, Memory>,
+    /// A lower bound on the next version the host will hand out (0: none).
+    floor: u32,
+    skipped: u64,
+    stale: u64,
+}
+
+impl Memo {
+    fn saw_version(&mut self, cas: Option<u32>) {
+        let Some(next) = cas.and_then(|c| c.checked_add(1)) else {
+            return;
+        };
+        if self.floor.saturating_sub(next) > 1 << 31 {
+            // The host's counter wrapped around: start over.
+            self.forget();
+        }
+        self.floor = self.floor.max(next);
+    }
+
+    /// A read from the host: learn from it, and check the guess.
+    fn observed(&mut self, key: &str, found: &Option<Entry>) {
+        let cas = found.as_ref().and_then(|e| e.cas);
+        self.saw_version(cas);
+        if let Some(m) = self.keys.get_mut(key).filter(|m| m.version != 0) {
+            m.streak = if cas == Some(m.version) {
+                m.streak.saturating_add(1)
+            } else {
+                0
+            };
+        }
+    }
+
+    fn wrote(&mut self, key: &str, value: &[u8]) {
+        // Our write got a version at least `floor`: the host's versions
+        // only grow. Remembering `floor` is therefore safe: if the key still
+        // has that version, it still holds our bytes, since any later write
+        // got a higher one. A wrong guess only costs a failed write.
+        let version = self.floor;
+        self.floor = self.floor.checked_add(1).unwrap_or(0);
+        if self.floor == 0 {
+            // Out of versions to reason with (the host's counter wraps).
+            self.forget();
+            return;
+        }
+        let full = self.keys.len() >= MAX_REMEMBERED;
+        match self.keys.get_mut(key) {
+            Some(m) => {
+                m.bytes.clear();
+                m.bytes.extend_from_slice(value);
+                m.version = version;
+                m.lent = false;
+                m.used = true;
+            }
+            None if full => {}
+            None => {
+                self.keys.insert(
+                    key.to_string(),
+                    Memory {
+                        bytes: value.to_vec(),
+                        version,
+                        streak: 0,
+                        lent: false,
+                        used: true,
+                    },
+                );
+            }
+        }
+    }
+
+    fn failed(&mut self, key: &str, cas: Option<u32>) {
+        if let Some(m) = self.keys.get_mut(key) {
+            if m.lent && cas == Some(m.version) {
+                self.stale += 1;
+            }
+            m.version = 0;
+            m.streak = 0;
+            m.lent = false;
+        }
+    }
+
+    fn forget(&mut self) {
+        self.keys.clear();
+        self.floor = 0;
+    }
+
+    fn age(&mut self) {
+        self.keys.retain(|_, m| std::mem::take(&mut m.used));
+        for m in self.keys.values_mut() {
+            m.version = 0;
+            m.lent = false;
+        }
+        self.floor = 0;
+    }
+}
+
+/// A store that remembers this VM's own last write to each key and, once
+/// guessing the key's version has proved right, answers `get_for_update`
+/// from that memory: one host call per update instead of two.
+///
+/// The host does not say which version a write got. Envoy (proxy-wasm's
+/// C++ host) hands out versions from one counter that only grows, shared by
+/// every key, so the version our write got is at least the highest version
+/// this VM has seen plus one. That lower bound is the guess: a CAS with it
+/// succeeds only if nobody (on any worker, on any key) wrote in between,
+/// and it can never match somebody else's later write, which got a higher
+/// version. Versions must be forgotten (`age`) well before the host's 32-bit
+/// counter could wrap around: sluice does so on every tick.
+#[derive(Default)]
+pub struct Remembering<S> {
+    inner: S,
+    memo: RefCell<Memo>,
+}
+
+impl<S: Store> Remembering<S> {
+    pub fn new(inner: S) -> Self {
+        Remembering {
+            inner,
+            memo: RefCell::new(Memo::default()),
+        }
+    }
+
+    /// Drops everything remembered.
+    pub fn forget(&self) {
+        if let Ok(mut m) = self.memo.try_borrow_mut() {
+            m.forget();
+        }
+    }
+
+    /// Forgets every version, and the keys not written since the last call;
+    /// keeps how well guessing has worked for the others, so a key in use
+    /// needs one read to be remembered again.
+    pub fn age(&self) {
+        if let Ok(mut m) = self.memo.try_borrow_mut() {
+            m.age();
+        }
+    }
+
+    /// (reads skipped, remembered answers that proved out of date) since the
+    /// last call.
+    pub fn take_counts(&self) -> (u64, u64) {
+        match self.memo.try_borrow_mut() {
+            Ok(mut m) => (std::mem::take(&mut m.skipped), std::mem::take(&mut m.stale)),
+            Err(_) => (0, 0),
+        }
+    }
+
+    fn recall(&self, key: &str) -> Option<Entry> {
+        let mut memo = self.memo.try_borrow_mut().ok()?;
+        let m = memo.keys.get_mut(key)?;
+        if m.version == 0 || m.streak < TRUST {
+            return None;
+        }
+        m.lent = true;
+        let entry = Entry {
+            bytes: m.bytes.clone(),
+            cas: Some(m.version),
+            remembered: true,
+        };
+        memo.skipped += 1;
+        Some(entry)
+    }
+}
+
+impl<S: Store> Store for Remembering<S> {
+    fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let found = self.inner.get(key)?;
+        if let Ok(mut m) = self.memo.try_borrow_mut() {
+            m.observed(key, &found);
+        }
+        Ok(found)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let result = self.inner.set(key, value, cas);
+        if let Ok(mut m) = self.memo.try_borrow_mut() {
+            match result {
+                Ok(()) => {
+                    m.saw_version(cas);
+                    m.wrote(key, value);
+                }
+                Err(_) => m.failed(key, cas),
+            }
+        }
+        result
+    }
+
+    fn get_for_update(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        match self.recall(key) {
+            Some(entry) => Ok(Some(entry)),
+            None => self.get(key),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -42,16 +284,19 @@ pub(crate) mod memory {
     #[derive(Default)]
     pub struct MemoryStore {
         pub map: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-        next_cas: Cell<u32>,
+        pub next_cas: Cell<u32>,
         /// Called before each `set`, to interleave a concurrent writer.
         pub before_set: RefCell<Option<Hook>>,
         pub sets: Cell<u32>,
+        pub gets: Cell<u32>,
         pub fail_all: Cell<bool>,
     }
 
     impl MemoryStore {
+        /// Versions come from one counter for all keys, as in Envoy: it
+        /// only grows, wraps around at 2^32 and skips 0.
         pub fn raw_set(&self, key: &str, value: &[u8]) {
-            let cas = self.next_cas.get() + 1;
+            let cas = self.next_cas.get().wrapping_add(1).max(1);
             self.next_cas.set(cas);
             self.map
                 .borrow_mut()
@@ -64,10 +309,12 @@ pub(crate) mod memory {
             if self.fail_all.get() {
                 return Err(StoreError::Unavailable);
             }
-            Ok(self.map.borrow().get(key).map(|(b, c)| Entry {
-                bytes: b.clone(),
-                cas: Some(*c),
-            }))
+            self.gets.set(self.gets.get() + 1);
+            Ok(self
+                .map
+                .borrow()
+                .get(key)
+                .map(|(b, c)| Entry::read(b.clone(), Some(*c))))
         }
 
         fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
@@ -88,6 +335,31 @@ pub(crate) mod memory {
             }
             self.raw_set(key, value);
             Ok(())
+        }
+    }
+
+    /// A worker's view of a store it does not own (a test's hook).
+    impl<T: Store> Store for std::rc::Weak<T> {
+        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            self.upgrade().ok_or(StoreError::Unavailable)?.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            self.upgrade()
+                .ok_or(StoreError::Unavailable)?
+                .set(key, value, cas)
+        }
+    }
+
+    /// Several simulated workers' stores over one map.
+    impl<T: Store + ?Sized> Store for std::rc::Rc<T> {
+        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            (**self).get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            (**self).set(key, value, cas)
+        }
+        fn get_for_update(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            (**self).get_for_update(key)
         }
     }
 }

@@ -186,6 +186,25 @@ def test_exact_across_four_workers():
         assert s.front.stat("wasmcustom.sluice_rl_store_failures.rule.exact") == 0
 
 
+def test_a_worker_skips_reads_of_its_own_writes_and_stays_exact():
+    """One keep-alive connection (one worker) spends 150 of 350 tokens: most
+    of its shared-data reads are skipped (the worker remembers its writes).
+    Then 1,000 requests at once over 20 connections on 4 workers, whose
+    memories are now out of date: exactly the 200 tokens left are spent."""
+    cfg = {"rate_limits": [rule("skip", 350)]}
+    with Stack(cfg, concurrency=4) as s:
+        c = http1.Conn(s.port)
+        assert statuses([c.request() for _ in range(150)]) == [200] * 150
+        skipped = s.front.stat("wasmcustom.sluice_store_reads_skipped")
+        assert 100 <= skipped <= 150, skipped
+        batches = [[http1.build()] * 50 for _ in range(20)]
+        got = [r.status for batch in http1.burst(s.port, batches) for r in batch]
+        assert got.count(200) == 200, (got.count(200), got.count(429))
+        assert c.request().status == 429
+        assert s.front.stat("wasmcustom.sluice_rl_allowed.rule.skip") == 350
+        assert s.front.stat("wasmcustom.sluice_rl_store_failures.rule.skip") == 0
+
+
 def test_memory_stays_bounded_with_100k_distinct_keys_and_a_hot_key_stays_limited():
     """A table of 1,000 slots, 100,000 requests each with a new key, and a hot
     key sent all along: shared data never grows past the table, Envoy's heap

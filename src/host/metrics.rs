@@ -124,6 +124,34 @@ impl Metrics {
     }
 }
 
+/// The VM's shared-data reads saved by remembering its own writes
+/// (`sluice_store_reads_skipped`) and remembered values found out of date
+/// (`sluice_store_stale_reads`); see `store::Remembering`.
+#[derive(Default)]
+pub struct StoreMetrics {
+    reads_skipped: u32,
+    stale_reads: u32,
+}
+
+impl StoreMetrics {
+    pub fn define() -> Self {
+        let counter = |name| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
+        StoreMetrics {
+            reads_skipped: counter("sluice_store_reads_skipped"),
+            stale_reads: counter("sluice_store_stale_reads"),
+        }
+    }
+
+    /// Adds the counts since the last call (on each tick).
+    pub fn record(&self, (skipped, stale): (u64, u64)) {
+        for (id, n) in [(self.reads_skipped, skipped), (self.stale_reads, stale)] {
+            if n > 0 {
+                add(id, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
 /// Metric ids of one breaker, in this VM. Names are
 /// `sluice_cb_<what>.breaker.<name>` (tag `breaker` with the shipped
 /// `stats_tags`).

@@ -2,7 +2,7 @@
 //! small glue between streams and the core's breakers (borrowing the
 //! per-VM caches, counting transitions, logging them).
 
-use super::metrics::{BreakerMetrics, Metrics};
+use super::metrics::{BreakerMetrics, Metrics, StoreMetrics};
 use super::shedding::ShedMetrics;
 use super::store::SharedData;
 use crate::breaker::runtime::{Breakers, Check, Event, Outcome, Ticket};
@@ -31,6 +31,7 @@ pub struct Plugin {
     /// Whether this VM ticks every millisecond (requests are queued).
     pub fast_tick: std::cell::Cell<bool>,
     pub shed_metrics: ShedMetrics,
+    pub store_metrics: StoreMetrics,
     pub rng: RefCell<SplitMix>,
 }
 

@@ -3,10 +3,10 @@
 //! shared per-VM state.
 
 use super::http::{now_ns, Stream};
-use super::metrics::{BreakerMetrics, Metrics};
+use super::metrics::{BreakerMetrics, Metrics, StoreMetrics};
 use super::plugin::Plugin;
 use super::shedding::ShedMetrics;
-use super::store::SharedData;
+use super::store::{self, SharedData};
 use crate::breaker::runtime::Breakers;
 use crate::config;
 use crate::limiter::Limiter;
@@ -75,6 +75,7 @@ impl RootContext for Root {
                 return false;
             }
         };
+        store::forget();
         let store = SharedData;
         let Some(seed) = shared_seed(&store, &config.domain) else {
             error!("sluice: could not create the shared hash seed in shared data");
@@ -124,6 +125,11 @@ impl RootContext for Root {
         }
         let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
         let shed_metrics = ShedMetrics::define(&names);
+        let store_metrics = if config.rules.is_empty() && config.shedders.is_empty() {
+            StoreMetrics::default()
+        } else {
+            StoreMetrics::define()
+        };
         // A slow tick hands the batched metric changes to Envoy, merges each
         // VM's batched breaker successes when traffic stops and returns
         // leased shedder slots; while requests wait in a sluice queue, the
@@ -154,6 +160,7 @@ impl RootContext for Root {
             held: RefCell::new(HashMap::new()),
             fast_tick: std::cell::Cell::new(false),
             shed_metrics,
+            store_metrics,
             rng: RefCell::new(SplitMix(random_u64())),
         }));
         true
@@ -169,6 +176,10 @@ impl RootContext for Root {
                 plugin.shed_wake(None);
                 plugin.slow_tick_when_idle();
             }
+            // The tick bounds how long a version is remembered (see
+            // `store::age`).
+            plugin.store_metrics.record(store::take_counts());
+            store::age();
             super::metrics::flush();
         }
     }

@@ -270,8 +270,18 @@ impl Shedders {
         let max = self.limit(s).unwrap_or(u32::MAX as u64);
         let key = rule.inflight_key.clone();
         let mut granted = 0;
-        for _ in 0..=self.max_retries {
-            let ((inflight, waiting), cas) = match store.get(&key)? {
+        let mut conflicts = 0;
+        // Until a remembered value proves out of date (or a refusal needs a
+        // value the host confirmed), the read may come from memory.
+        let mut fresh = false;
+        loop {
+            let entry = if fresh {
+                store.get(&key)?
+            } else {
+                store.get_for_update(&key)?
+            };
+            let remembered = entry.as_ref().is_some_and(|e| e.remembered);
+            let ((inflight, waiting), cas) = match entry {
                 Some(e) => match decode_counter(&e.bytes) {
                     Some(v) => (v, e.cas),
                     None => {
@@ -281,10 +291,19 @@ impl Shedders {
                 },
                 None => ((0, 0), None),
             };
+            let refused = match op {
+                Op::Direct => inflight >= max || waiting > 0,
+                Op::Admit => inflight >= max,
+                _ => false,
+            };
+            if refused && remembered {
+                fresh = true;
+                continue;
+            }
             let next = match op {
                 // A new request may take a free slot only if nobody waits
                 // on any worker: the queue is global in effect.
-                Op::Direct if inflight >= max || waiting > 0 => {
+                Op::Direct if refused => {
                     if let Some(l) = self.local.get_mut(s) {
                         l.calm = false;
                     }
@@ -303,7 +322,7 @@ impl Shedders {
                     (inflight + 1 + granted, waiting)
                 }
                 Op::Enqueue => (inflight, waiting + 1),
-                Op::Admit if inflight >= max => return Ok(false),
+                Op::Admit if refused => return Ok(false),
                 Op::Admit => (inflight + 1, waiting.saturating_sub(1)),
                 Op::Leave => (inflight, waiting.saturating_sub(1)),
                 Op::Release => (inflight.saturating_sub(1), waiting),
@@ -317,11 +336,11 @@ impl Shedders {
                     }
                     return Ok(true);
                 }
-                Err(StoreError::CasMismatch) => continue,
+                Err(StoreError::CasMismatch) if remembered => fresh = true,
+                Err(StoreError::CasMismatch) if conflicts < self.max_retries => conflicts += 1,
                 Err(e) => return Err(e),
             }
         }
-        Err(StoreError::CasMismatch)
     }
 
     /// Creates the shared counters (at configuration).
