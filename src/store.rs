@@ -57,10 +57,54 @@ pub trait Store {
     }
 }
 
+/// What a read-modify-write does with the value it found.
+pub enum Update<B, T> {
+    /// Write these bytes (by CAS against the value found), then return `T`.
+    Write(B, T),
+    /// Leave the key as it is and return `T`.
+    Keep(T),
+}
+
+/// Updates `key` by compare-and-swap: reads it (from memory where the store
+/// can, see `get_for_update`), lets `decide` choose from the value found
+/// (`None`: never written), writes; on a conflict reads and decides again,
+/// at most `max_retries` times, then fails with `CasMismatch`. A remembered
+/// value that proves out of date, or that `decide` would keep (nothing
+/// would check it), is read again from the host, uncounted. `decide` may
+/// run more than once.
+pub fn update<B: AsRef<[u8]>, T>(
+    store: &dyn Store,
+    key: &str,
+    max_retries: u32,
+    mut decide: impl FnMut(Option<&Entry>) -> Update<B, T>,
+) -> Result<T, StoreError> {
+    let mut conflicts = 0;
+    let mut fresh = false;
+    loop {
+        let found = if fresh {
+            store.get(key)?
+        } else {
+            store.get_for_update(key)?
+        };
+        let remembered = found.as_ref().is_some_and(|e| e.remembered);
+        let cas = found.as_ref().and_then(|e| e.cas);
+        match decide(found.as_ref()) {
+            Update::Keep(_) if remembered => fresh = true,
+            Update::Keep(t) => return Ok(t),
+            Update::Write(bytes, t) => match store.set(key, bytes.as_ref(), cas) {
+                Ok(()) => return Ok(t),
+                Err(StoreError::CasMismatch) if remembered => fresh = true,
+                Err(StoreError::CasMismatch) if conflicts < max_retries => conflicts += 1,
+                Err(e) => return Err(e),
+            },
+        }
+    }
+}
+
 /// How many right guesses in a row a key needs before its reads are skipped.
 const TRUST: u8 = 2;
 /// At most this many keys are remembered.
-const MAX_REMEMBERED: usize = 4096;
+const MAX_REMEMBERED: usize = 1024;
 
 /// What this VM remembers of its last write to one key.
 struct Memory {

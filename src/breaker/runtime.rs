@@ -14,7 +14,7 @@ use crate::config::{Config, ConfigError};
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
 use crate::siphash::SipHasher13;
-use crate::store::{Store, StoreError};
+use crate::store::{update, Store, StoreError, Update};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -147,29 +147,23 @@ impl Breakers {
         mut f: impl FnMut(&mut State) -> R,
     ) -> Result<(State, R), StoreError> {
         let name = self.shared_key(breaker, key);
-        for _ in 0..=self.max_retries {
-            let (old, cas) = match store.get(&name)? {
-                Some(e) => (
-                    decode(&e.bytes).unwrap_or_else(|_| {
-                        self.store_failures += 1;
-                        State::new()
-                    }),
-                    e.cas,
-                ),
-                None => (State::new(), None),
+        let failures = &mut self.store_failures;
+        update(store, &name, self.max_retries, |found| {
+            let old = match found {
+                Some(e) => decode(&e.bytes).unwrap_or_else(|_| {
+                    *failures += 1;
+                    State::new()
+                }),
+                None => State::new(),
             };
             let mut new = old;
             let r = f(&mut new);
             if new == old {
-                return Ok((new, r));
+                Update::Keep((new, r))
+            } else {
+                Update::Write(encode(&new), (new, r))
             }
-            match store.set(&name, &encode(&new), cas) {
-                Ok(()) => return Ok((new, r)),
-                Err(StoreError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StoreError::CasMismatch)
+        })
     }
 
     fn remember(&mut self, breaker: usize, key: u64, state: State, now_ms: u64) {

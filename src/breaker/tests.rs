@@ -6,6 +6,8 @@ use super::*;
 use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::store::{Remembering, Store};
+use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -342,20 +344,36 @@ fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
 
 #[test]
 fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
+    // Also with each VM remembering its own writes (skipping reads).
+    probes_across_vms(false);
+    probes_across_vms(true);
+}
+
+fn probes_across_vms(remembering: bool) {
     let (mut vm, store) = vms(RUNTIME, 4);
+    let store = Rc::new(store);
+    let views: Vec<Rc<dyn Store>> = (0..4)
+        .map(|_| -> Rc<dyn Store> {
+            if remembering {
+                Rc::new(Remembering::new(store.clone()))
+            } else {
+                store.clone()
+            }
+        })
+        .collect();
     let mut rng = SplitMix(7);
     let mut ev = Vec::new();
     for _ in 0..10 {
-        let Check::Pass(t) = vm[0].check(&store, T0, &to("a"), &mut rng, &mut ev) else {
+        let Check::Pass(t) = vm[0].check(&*views[0], T0, &to("a"), &mut rng, &mut ev) else {
             panic!()
         };
-        vm[0].record(&store, T0, t[0], Outcome::Failure, &mut rng, &mut ev);
+        vm[0].record(&*views[0], T0, t[0], Outcome::Failure, &mut rng, &mut ev);
     }
     let later = T0 + 5_000;
     let mut probes = Vec::new();
     for round in 0..5 {
-        for v in vm.iter_mut() {
-            if let Check::Pass(t) = v.check(&store, later + round, &to("a"), &mut rng, &mut ev) {
+        for (v, view) in vm.iter_mut().zip(&views) {
+            if let Check::Pass(t) = v.check(&**view, later + round, &to("a"), &mut rng, &mut ev) {
                 probes.push(t);
             }
         }
@@ -363,7 +381,7 @@ fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
     assert_eq!(probes.len(), 1, "one probe across all VMs");
     assert!(probes[0][0].probe);
     vm[0].record(
-        &store,
+        &*views[0],
         later + 10,
         probes[0][0],
         Outcome::Success,
@@ -372,7 +390,13 @@ fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
     );
     assert!(ev.iter().any(|e| e.transition == Transition::Closed));
     assert!(matches!(
-        vm[3].check(&store, later + 10 + SYNC_MS, &to("a"), &mut rng, &mut ev),
+        vm[3].check(
+            &*views[3],
+            later + 10 + SYNC_MS,
+            &to("a"),
+            &mut rng,
+            &mut ev
+        ),
         Check::Pass(_)
     ));
 }

@@ -21,7 +21,7 @@ mod tests;
 use crate::config::{Config, ConfigError};
 use crate::request::RequestView;
 use crate::siphash::SipHasher13;
-use crate::store::{Store, StoreError};
+use crate::store::{update, Store, StoreError, Update};
 use codel::Codel;
 pub use config::{Class, ShedderSpec};
 use std::collections::VecDeque;
@@ -269,78 +269,47 @@ impl Shedders {
         };
         let max = self.limit(s).unwrap_or(u32::MAX as u64);
         let key = rule.inflight_key.clone();
-        let mut granted = 0;
-        let mut conflicts = 0;
-        // Until a remembered value proves out of date (or a refusal needs a
-        // value the host confirmed), the read may come from memory.
-        let mut fresh = false;
-        loop {
-            let entry = if fresh {
-                store.get(&key)?
-            } else {
-                store.get_for_update(&key)?
+        let lease = self.local.get(s).map_or(0, |l| l.lease);
+        let failures = &mut self.store_failures;
+        let granted = update(store, &key, self.max_retries, |found| {
+            let (inflight, waiting) = match found {
+                Some(e) => decode_counter(&e.bytes).unwrap_or_else(|| {
+                    *failures += 1;
+                    (0, 0)
+                }),
+                None => (0, 0),
             };
-            let remembered = entry.as_ref().is_some_and(|e| e.remembered);
-            let ((inflight, waiting), cas) = match entry {
-                Some(e) => match decode_counter(&e.bytes) {
-                    Some(v) => (v, e.cas),
-                    None => {
-                        self.store_failures += 1;
-                        ((0, 0), e.cas)
-                    }
-                },
-                None => ((0, 0), None),
-            };
-            let refused = match op {
-                Op::Direct => inflight >= max || waiting > 0,
-                Op::Admit => inflight >= max,
-                _ => false,
-            };
-            if refused && remembered {
-                fresh = true;
-                continue;
-            }
             let next = match op {
                 // A new request may take a free slot only if nobody waits
                 // on any worker: the queue is global in effect.
-                Op::Direct if refused => {
-                    if let Some(l) = self.local.get_mut(s) {
-                        l.calm = false;
-                    }
-                    return Ok(false);
-                }
+                Op::Direct if inflight >= max || waiting > 0 => return Update::Keep(None),
                 Op::Direct => {
                     // A direct admission also tops up this worker's lease while
                     // the counter is well under the limit (three quarters) and
                     // nobody waits.
-                    let want = self
-                        .local
-                        .get(s)
-                        .map_or(0, |l| lease_cap(max).saturating_sub(l.lease));
+                    let want = lease_cap(max).saturating_sub(lease);
                     let calm = want > 0 && inflight + 1 + want <= max - max / 4;
-                    granted = if calm { want } else { 0 };
-                    (inflight + 1 + granted, waiting)
+                    let granted = if calm { want } else { 0 };
+                    return Update::Write(
+                        encode_counter((inflight + 1 + granted, waiting)),
+                        Some(granted),
+                    );
                 }
                 Op::Enqueue => (inflight, waiting + 1),
-                Op::Admit if refused => return Ok(false),
+                Op::Admit if inflight >= max => return Update::Keep(None),
                 Op::Admit => (inflight + 1, waiting.saturating_sub(1)),
                 Op::Leave => (inflight, waiting.saturating_sub(1)),
                 Op::Release => (inflight.saturating_sub(1), waiting),
                 Op::Return(n) => (inflight.saturating_sub(n), waiting),
             };
-            match store.set(&key, &encode_counter(next), cas) {
-                Ok(()) => {
-                    if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
-                        l.lease += granted;
-                        l.calm = granted > 0;
-                    }
-                    return Ok(true);
-                }
-                Err(StoreError::CasMismatch) if remembered => fresh = true,
-                Err(StoreError::CasMismatch) if conflicts < self.max_retries => conflicts += 1,
-                Err(e) => return Err(e),
-            }
+            Update::Write(encode_counter(next), Some(0))
+        })?;
+        if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
+            // A refused direct admission: near or at the limit, or waiters.
+            l.calm = granted.is_some_and(|g| g > 0);
+            l.lease += granted.unwrap_or(0);
         }
+        Ok(granted.is_some())
     }
 
     /// Creates the shared counters (at configuration).
