@@ -394,6 +394,25 @@ pub(crate) mod memory {
         }
     }
 
+    /// `n` workers' access to one store: the store itself, or each
+    /// worker's own `Remembering` layer over it (as each Envoy worker VM
+    /// has).
+    pub fn views(
+        store: &std::rc::Rc<MemoryStore>,
+        n: usize,
+        remembering: bool,
+    ) -> Vec<std::rc::Rc<dyn Store>> {
+        (0..n)
+            .map(|_| -> std::rc::Rc<dyn Store> {
+                if remembering {
+                    std::rc::Rc::new(crate::store::Remembering::new(store.clone()))
+                } else {
+                    store.clone()
+                }
+            })
+            .collect()
+    }
+
     /// Several simulated workers' stores over one map.
     impl<T: Store + ?Sized> Store for std::rc::Rc<T> {
         fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {

@@ -5,8 +5,7 @@ use super::runtime::{Breakers, Check, Outcome, SYNC_MS};
 use super::*;
 use crate::config::parse;
 use crate::request::fake::FakeRequest;
-use crate::store::memory::MemoryStore;
-use crate::store::{Remembering, Store};
+use crate::store::memory::{views, MemoryStore};
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -352,15 +351,7 @@ fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
 fn probes_across_vms(remembering: bool) {
     let (mut vm, store) = vms(RUNTIME, 4);
     let store = Rc::new(store);
-    let views: Vec<Rc<dyn Store>> = (0..4)
-        .map(|_| -> Rc<dyn Store> {
-            if remembering {
-                Rc::new(Remembering::new(store.clone()))
-            } else {
-                store.clone()
-            }
-        })
-        .collect();
+    let views = views(&store, 4, remembering);
     let mut rng = SplitMix(7);
     let mut ev = Vec::new();
     for _ in 0..10 {

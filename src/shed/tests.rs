@@ -5,8 +5,7 @@ use super::codel::Codel;
 use super::*;
 use crate::config::parse;
 use crate::request::fake::FakeRequest;
-use crate::store::memory::MemoryStore;
-use crate::store::Remembering;
+use crate::store::memory::{views, MemoryStore};
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -270,15 +269,7 @@ impl Sim {
         let (w1, _) = shedders(json);
         let (w2, _) = shedders(json);
         let store = Rc::new(store);
-        let views = (0..3)
-            .map(|_| -> Rc<dyn Store> {
-                if remembering {
-                    Rc::new(Remembering::new(store.clone()))
-                } else {
-                    store.clone()
-                }
-            })
-            .collect();
+        let views = views(&store, 3, remembering);
         Sim {
             workers: [w0, w1, w2],
             store,
