@@ -218,6 +218,8 @@ def sums(stats):
         "allowed": total("wasmcustom.sluice_rl_allowed.rule."),
         "limited": total("wasmcustom.sluice_rl_limited.rule."),
         "store_failures": total("wasmcustom.sluice_rl_store_failures.rule."),
+        "reads_skipped": stats.get("wasmcustom.sluice_store_reads_skipped", 0),
+        "stale_reads": stats.get("wasmcustom.sluice_store_stale_reads", 0),
         "native_ok": sum(v for k, v in stats.items() if k.endswith("http_local_rate_limit.ok")),
         "native_limited": sum(v for k, v in stats.items() if k.endswith("http_local_rate_limit.rate_limited")),
         "rq_2xx": stats.get("http.front.downstream_rq_2xx", 0),
@@ -252,6 +254,8 @@ def one_round(sc, concurrency, upstream_port, args, tmp, connections=None, delay
         "envoy_requests": d["rq_total"],
         "cas_retries": d["cas_retries"],
         "cas_per_request": d["cas_retries"] / served,
+        "skipped_per_request": d["reads_skipped"] / served,
+        "stale_per_request": d["stale_reads"] / served,
         "sluice_allowed": d["allowed"], "sluice_store_failures": d["store_failures"],
         "native_ok": d["native_ok"],
         "cpu_us_per_request": cpu / CLK_TCK * 1e6 / served,
@@ -272,6 +276,7 @@ def aggregate(rows, scenarios, concurrencies):
         per = {sc["id"]: [r for r in rows if r["scenario"] == sc["id"] and r["concurrency"] == c]
                for sc in scenarios}
         m = {sid: {k: med(rs, k) for k in ("rps", "p50_us", "p99_us", "cas_per_request",
+                                          "skipped_per_request", "stale_per_request",
                                           "cpu_us_per_request", "rss_kb")}
              for sid, rs in per.items() if rs}
         for sc in scenarios:
@@ -306,7 +311,8 @@ def interleaved(scenarios, concurrencies, rounds, upstream_port, args, tmp, **kw
         rows.append(row)
         print(f"  [{i:>2}/{len(plan)}] round {r + 1} c{c} {sc['id']:<16} {row['rps']:>8.0f} rps  "
               f"p50 {row['p50_us']:>5} us  p99 {row['p99_us']:>6} us  "
-              f"cpu {row['cpu_us_per_request']:>5.1f} us/rq  cas/rq {row['cas_per_request']:.4f}"
+              f"cpu {row['cpu_us_per_request']:>5.1f} us/rq  cas/rq {row['cas_per_request']:.4f}  "
+              f"skipped/rq {row['skipped_per_request']:.2f}"
               + (f"  NON-2XX {row['non2xx']}" if row["non2xx"] else ""), flush=True)
     return rows
 
@@ -389,10 +395,18 @@ def fmt_ratio(x):
     return "-" if x is None else f"{x:.2f}"
 
 
+def skipped(a):
+    """Shared-data reads skipped and remembered values found stale, per request."""
+    if a["scenario"] in ("none", "native") or "skipped_per_request" not in a:
+        return "-"
+    return f"{a['skipped_per_request']:.2f} / {a['stale_per_request']:.2f}"
+
+
 def table(agg, scenarios):
     head = ("| c | scenario | req/s | vs none | vs native (rounds) | p50 µs | vs none | vs native "
-            "| p99 µs | vs none | vs native | +p99 vs none µs | CPU µs/req | vs native | CAS retries/req | RSS MB |")
-    lines = [head, "|" + "---|" * 16]
+            "| p99 µs | vs none | vs native | +p99 vs none µs | CPU µs/req | vs native | CAS retries/req "
+            "| reads skipped / stale per req | RSS MB |")
+    lines = [head, "|" + "---|" * 17]
     for a in agg:
         rng = a.get("rps_vs_native_range")
         rng = f" ({rng[0]:.2f}–{rng[1]:.2f})" if rng else ""
@@ -403,7 +417,7 @@ def table(agg, scenarios):
             f"| {fmt_ratio(a.get('p50_us_vs_native'))} | {a['p99_us']:.0f} | {fmt_ratio(a.get('p99_us_vs_none'))} "
             f"| {fmt_ratio(a.get('p99_us_vs_native'))} | {a.get('p99_added_over_none_us', 0):+.0f} "
             f"| {a['cpu_us_per_request']:.1f} | {fmt_ratio(a.get('cpu_us_per_request_vs_native'))} "
-            f"| {cas} | {a['rss_kb'] / 1024:.1f} |")
+            f"| {cas} | {skipped(a)} | {a['rss_kb'] / 1024:.1f} |")
     return "\n".join(lines)
 
 
