@@ -410,10 +410,10 @@ fn a_refusal_is_never_decided_on_a_remembered_value() {
     // (here: a raw write) fills it again. The next request must see that.
     use crate::store::Remembering;
     let (l, store) =
-        ready(r#"{"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":4}}]}"#);
+        ready(r#"{"rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":8}}]}"#);
     let host = Rc::new(store);
     let vm = Remembering::new(host.clone());
-    for _ in 0..4 {
+    for _ in 0..8 {
         assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
     }
     assert_ne!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);

@@ -109,7 +109,9 @@ const MAX_REMEMBERED: usize = 1024;
 /// What this VM remembers of its last write to one key.
 struct Memory {
     bytes: Vec<u8>,
-    /// The version the key has if nobody wrote it since (0: not known).
+    /// The guessed version of that write (0: none): at most the version
+    /// the write got, so if the key has exactly this version, it still
+    /// holds `bytes`.
     version: u32,
     /// Consecutive reads that found the key at `version` (the guess held).
     streak: u8,
@@ -123,6 +125,7 @@ struct Memory {
 struct Memo {
     keys: HashMap<String, Memory>,
     /// A lower bound on the next version the host will hand out (0: none).
+    /// Learnt only from keys this VM wrote lately (see `observed`).
     floor: u32,
     skipped: u64,
     stale: u64,
@@ -141,29 +144,49 @@ impl Memo {
     }
 
     /// A read from the host: learn from it, and check the guess.
+    ///
+    /// Only a key this VM wrote lately (since the last-but-one `age`) tells
+    /// where the host's counter is: its version was handed out since then.
+    /// Any other key may have been written a whole counter cycle ago, at a
+    /// version *ahead* of the counter once it has wrapped around, which
+    /// would lift `floor` above the version our next write gets.
     fn observed(&mut self, key: &str, found: &Option<Entry>) {
         let cas = found.as_ref().and_then(|e| e.cas);
-        self.saw_version(cas);
-        if let Some(m) = self.keys.get_mut(key).filter(|m| m.version != 0) {
+        let Some(m) = self.keys.get_mut(key) else {
+            return;
+        };
+        m.lent = false;
+        if m.version != 0 {
             m.streak = if cas == Some(m.version) {
                 m.streak.saturating_add(1)
             } else {
                 0
             };
         }
+        self.saw_version(cas);
     }
 
-    fn wrote(&mut self, key: &str, value: &[u8]) {
-        // Our write got a version at least `floor`: the host's versions
-        // only grow. Remembering `floor` is therefore safe: if the key still
-        // has that version, it still holds our bytes, since any later write
-        // got a higher one. A wrong guess only costs a failed write.
+    fn wrote(&mut self, key: &str, value: &[u8], cas: Option<u32>) {
+        if let Some(m) = self.keys.get(key) {
+            if m.lent && m.version != 0 && cas == Some(m.version) {
+                self.skipped += 1; // the read this write would have needed
+            }
+            // The key held `cas`, handed out lately (see `observed`).
+            self.saw_version(cas);
+        }
+        // Our write got a version at least `floor`, if `floor` is known:
+        // the host's versions only grow (until the counter wraps, far
+        // beyond a tick). Remembering `floor` is therefore safe: if the key
+        // still has that version, it still holds our bytes, since any later
+        // write got a higher one. A wrong guess only costs a failed write.
         let version = self.floor;
-        self.floor = self.floor.checked_add(1).unwrap_or(0);
-        if self.floor == 0 {
-            // Out of versions to reason with (the host's counter wraps).
-            self.forget();
-            return;
+        if version != 0 {
+            self.floor = version.checked_add(1).unwrap_or(0);
+            if self.floor == 0 {
+                // Out of versions to reason with (the host's counter wraps).
+                self.forget();
+                return;
+            }
         }
         let full = self.keys.len() >= MAX_REMEMBERED;
         match self.keys.get_mut(key) {
@@ -222,12 +245,16 @@ impl Memo {
 ///
 /// The host does not say which version a write got. Envoy (proxy-wasm's
 /// C++ host) hands out versions from one counter that only grows, shared by
-/// every key, so the version our write got is at least the highest version
-/// this VM has seen plus one. That lower bound is the guess: a CAS with it
-/// succeeds only if nobody (on any worker, on any key) wrote in between,
-/// and it can never match somebody else's later write, which got a higher
-/// version. Versions must be forgotten (`age`) well before the host's 32-bit
-/// counter could wrap around: sluice does so on every tick.
+/// every key, so the version our write gets is more than any version handed
+/// out before it: more than the versions this VM lately read on keys it
+/// wrote lately, and than the guesses for its own earlier writes. That
+/// lower bound is the guess: a CAS with it succeeds only if nobody (on any
+/// worker, on any key) wrote in between, and it can never match somebody
+/// else's later write, which got a higher version. The bound is learnt only
+/// from keys written lately because the 32-bit counter wraps around: a key
+/// untouched for a whole cycle can carry a version ahead of the counter.
+/// For the same reason versions are forgotten (`age`) long before the
+/// counter could wrap: sluice does so on every tick.
 #[derive(Default)]
 pub struct Remembering<S> {
     inner: S,
@@ -258,8 +285,8 @@ impl<S: Store> Remembering<S> {
         }
     }
 
-    /// (reads skipped, remembered answers that proved out of date) since the
-    /// last call.
+    /// (reads skipped: writes made from memory without a read; remembered
+    /// answers that proved out of date) since the last call.
     pub fn take_counts(&self) -> (u64, u64) {
         match self.memo.try_borrow_mut() {
             Ok(mut m) => (std::mem::take(&mut m.skipped), std::mem::take(&mut m.stale)),
@@ -274,13 +301,11 @@ impl<S: Store> Remembering<S> {
             return None;
         }
         m.lent = true;
-        let entry = Entry {
+        Some(Entry {
             bytes: m.bytes.clone(),
             cas: Some(m.version),
             remembered: true,
-        };
-        memo.skipped += 1;
-        Some(entry)
+        })
     }
 }
 
@@ -297,10 +322,7 @@ impl<S: Store> Store for Remembering<S> {
         let result = self.inner.set(key, value, cas);
         if let Ok(mut m) = self.memo.try_borrow_mut() {
             match result {
-                Ok(()) => {
-                    m.saw_version(cas);
-                    m.wrote(key, value);
-                }
+                Ok(()) => m.wrote(key, value, cas),
                 Err(_) => m.failed(key, cas),
             }
         }

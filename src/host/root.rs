@@ -125,7 +125,10 @@ impl RootContext for Root {
         }
         let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
         let shed_metrics = ShedMetrics::define(&names);
-        let store_metrics = if config.rules.is_empty() && config.shedders.is_empty() {
+        let store_metrics = if config.rules.is_empty()
+            && config.shedders.is_empty()
+            && config.breakers.is_empty()
+        {
             StoreMetrics::default()
         } else {
             StoreMetrics::define()
