@@ -397,7 +397,7 @@ def fmt_ratio(x):
 
 def skipped(a):
     """Shared-data reads skipped and remembered values found stale, per request."""
-    if a["scenario"] in ("none", "native") or "skipped_per_request" not in a:
+    if a["scenario"] in ("none", "native"):
         return "-"
     return f"{a['skipped_per_request']:.2f} / {a['stale_per_request']:.2f}"
 

@@ -67,8 +67,10 @@ fn a_lone_writer_skips_its_reads_once_its_guesses_held_twice() {
     for _ in 0..4 {
         assert_eq!(increment(&vm, "k"), 0);
     }
-    // Read 1 finds "k" older than the last write (to another key): its
-    // guess fails unseen; read 2 learns the version; 3 and 4 confirm it.
+    // Read 1 is of a key this worker has not written lately: it tells
+    // nothing of the host's counter, so the write is remembered without a
+    // guess. Read 2 learns the counter from "k"; reads 3 and 4 confirm the
+    // guess.
     assert_eq!(host.gets.get(), 4);
     for _ in 0..100 {
         assert_eq!(increment(&vm, "k"), 0);

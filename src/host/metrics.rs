@@ -47,6 +47,19 @@ pub fn flush() {
     });
 }
 
+/// Adds a count of events (such as a tick's worth of them) to a counter,
+/// handed to Envoy at the next `flush`.
+pub fn add_count(id: u32, n: u64) {
+    if n > 0 {
+        add(id, i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// Defines (or finds) the untagged counter `name` in this VM.
+fn define_counter(name: &str) -> u32 {
+    hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+}
+
 /// Defines (or finds) the metric `sluice_<prefix><what>.<tag>.<name>` in
 /// this VM.
 pub fn define(kind: MetricType, prefix: &str, what: &str, tag: &str, name: &str) -> u32 {
@@ -135,20 +148,16 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     pub fn define() -> Self {
-        let counter = |name| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
         StoreMetrics {
-            reads_skipped: counter("sluice_store_reads_skipped"),
-            stale_reads: counter("sluice_store_stale_reads"),
+            reads_skipped: define_counter("sluice_store_reads_skipped"),
+            stale_reads: define_counter("sluice_store_stale_reads"),
         }
     }
 
     /// Adds the counts since the last call (on each tick).
     pub fn record(&self, (skipped, stale): (u64, u64)) {
-        for (id, n) in [(self.reads_skipped, skipped), (self.stale_reads, stale)] {
-            if n > 0 {
-                add(id, i64::try_from(n).unwrap_or(i64::MAX));
-            }
-        }
+        add_count(self.reads_skipped, skipped);
+        add_count(self.stale_reads, stale);
     }
 }
 
@@ -194,8 +203,7 @@ impl BreakerMetrics {
                 probes: define_cb(MetricType::Counter, "probes", name),
             })
             .collect();
-        let store_failures =
-            hostcalls::define_metric(MetricType::Counter, "sluice_cb_store_failures").unwrap_or(0);
+        let store_failures = define_counter("sluice_cb_store_failures");
         BreakerMetrics {
             breakers,
             store_failures,
@@ -230,8 +238,6 @@ impl BreakerMetrics {
     }
 
     pub fn store_failures(&self, n: u64) {
-        if n > 0 {
-            add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        add_count(self.store_failures, n);
     }
 }

@@ -125,20 +125,19 @@ impl RootContext for Root {
         }
         let names: Vec<&str> = config.shedders.iter().map(|s| s.name.as_str()).collect();
         let shed_metrics = ShedMetrics::define(&names);
-        let store_metrics = if config.rules.is_empty()
-            && config.shedders.is_empty()
-            && config.breakers.is_empty()
-        {
-            StoreMetrics::default()
-        } else {
+        let any_mechanism =
+            !config.rules.is_empty() || !config.breakers.is_empty() || !config.shedders.is_empty();
+        let store_metrics = if any_mechanism {
             StoreMetrics::define()
+        } else {
+            StoreMetrics::default()
         };
         // A slow tick hands the batched metric changes to Envoy, merges each
         // VM's batched breaker successes when traffic stops and returns
         // leased shedder slots; while requests wait in a sluice queue, the
         // tick runs every millisecond to let them in when a slot frees on
         // another worker (see `Plugin::fast_tick`).
-        if !config.rules.is_empty() || !config.breakers.is_empty() || !config.shedders.is_empty() {
+        if any_mechanism {
             self.set_tick_period(SLOW_TICK);
         }
         let policies = config

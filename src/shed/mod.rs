@@ -305,7 +305,8 @@ impl Shedders {
             Update::Write(encode_counter(next), Some(0))
         })?;
         if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
-            // A refused direct admission: near or at the limit, or waiters.
+            // Calm while a direct admission is granted a lease top-up; a
+            // refused one (`None`: at the limit, or waiters) is not calm.
             l.calm = granted.is_some_and(|g| g > 0);
             l.lease += granted.unwrap_or(0);
         }
