@@ -36,20 +36,15 @@ fn check(body: &[u8]) -> u32 {
 impl Slot {
     /// The encoded bytes.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
-        let mut body = [0u8; 17];
-        let fields = std::iter::once(VERSION)
-            .chain(self.fingerprint.to_le_bytes())
-            .chain(self.tat.min(MAX_TAT).to_le_bytes().into_iter().take(12));
-        for (dst, src) in body.iter_mut().zip(fields) {
-            *dst = src;
-        }
         let mut out = [0u8; SLOT_LEN];
-        for (dst, src) in out
-            .iter_mut()
-            .zip(body.into_iter().chain(check(&body).to_le_bytes()))
-        {
-            *dst = src;
-        }
+        let tat = self.tat.min(MAX_TAT).to_le_bytes();
+        let (body, sum) = out.split_at_mut(17);
+        let (head, rest) = body.split_at_mut(1);
+        let (fp, t) = rest.split_at_mut(4);
+        head.copy_from_slice(&[VERSION]);
+        fp.copy_from_slice(&self.fingerprint.to_le_bytes());
+        t.copy_from_slice(tat.get(..12).unwrap_or(&[0; 12]));
+        sum.copy_from_slice(&check(body).to_le_bytes());
         out
     }
 

@@ -20,6 +20,7 @@ pub mod bucket;
 pub mod codec;
 pub mod config;
 pub mod duration;
+pub mod fastmap;
 pub mod keys;
 pub mod limiter;
 pub mod matcher;

@@ -169,10 +169,25 @@ impl Limiter {
         })
     }
 
-    /// The shared-data key of a rule's slot.
+    /// The shared-data key of a rule's slot: the table prefix and the slot
+    /// in decimal, built without `format!` (on every request).
     pub fn slot_key(&self, rule: usize, slot: u32) -> String {
         let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
-        format!("{prefix}{slot}")
+        let mut digits = [0u8; 10];
+        let mut start = digits.len();
+        let mut n = slot;
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            start -= 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut key = String::with_capacity(prefix.len() + digits.len() - start);
+        key.push_str(prefix);
+        key.extend(digits.iter().skip(start).map(|&d| char::from(d)));
+        key
     }
 
     /// How many slots the rule's table really uses (1 for constant keys).

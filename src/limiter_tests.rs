@@ -54,6 +54,17 @@ fn admits_exactly_burst_then_refuses_with_the_exact_wait() {
 }
 
 #[test]
+fn slot_keys_are_the_table_prefix_and_the_slot_in_decimal() {
+    let l =
+        limiter(r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s","burst":1}}]}"#);
+    let prefix = l.slot_key(0, 0).trim_end_matches('0').to_string();
+    assert!(prefix.starts_with("sl") && prefix.ends_with('/') && prefix.len() == 11);
+    for slot in [0, 7, 9, 10, 99, 100, 12_345, 1_000_000_000, u32::MAX] {
+        assert_eq!(l.slot_key(0, slot), format!("{prefix}{slot}"));
+    }
+}
+
+#[test]
 fn keys_are_isolated() {
     let (l, store) = ready(ONE_RULE);
     for _ in 0..5 {

@@ -8,8 +8,8 @@
 //! [`Remembering`] wraps a store so that a VM writing the same key again and
 //! again (one worker, or a quiet moment) can skip the read before each write.
 
+use crate::fastmap::FastMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// One stored value and its CAS token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,10 @@ struct Memory {
 
 #[derive(Default)]
 struct Memo {
-    keys: HashMap<String, Memory>,
+    /// Keyed by the shared-data keys this VM writes: at most
+    /// [`MAX_REMEMBERED`], and not chosen by clients (their slot numbers
+    /// come from the keyed table hash), so a fast unkeyed hash will do.
+    keys: FastMap<String, Memory>,
     /// A lower bound on the next version the host will hand out (0: none).
     /// Learnt only from keys this VM wrote lately (see `observed`).
     floor: u32,

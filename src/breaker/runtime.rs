@@ -11,11 +11,11 @@
 use super::codec::{decode, encode};
 use super::{Admit, BreakerKey, BreakerSpec, State, Transition};
 use crate::config::{Config, ConfigError};
+use crate::fastmap::FastMap;
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
 use crate::siphash::SipHasher13;
 use crate::store::{update, Store, StoreError, Update};
-use std::collections::HashMap;
 use std::rc::Rc;
 
 /// How often a VM re-reads a key's shared state and merges its successes.
@@ -80,7 +80,8 @@ pub struct Breakers {
     pub rules: Vec<Breaker>,
     seed: (u64, u64),
     max_retries: u32,
-    local: HashMap<(usize, u64), Local>,
+    /// Keyed by breaker and key hash (a keyed SipHash: not chosen by clients).
+    local: FastMap<(usize, u64), Local>,
     tracked: Vec<u32>,
     /// Counts of store errors and corrupt states seen (for metrics).
     pub store_failures: u64,
@@ -115,7 +116,7 @@ impl Breakers {
             rules,
             seed,
             max_retries: config.max_cas_retries,
-            local: HashMap::new(),
+            local: FastMap::default(),
             tracked,
             store_failures: 0,
         })

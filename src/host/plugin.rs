@@ -8,6 +8,7 @@ use super::store::SharedData;
 use crate::breaker::runtime::{Breakers, Check, Event, Outcome, Ticket};
 use crate::breaker::{BreakerSpec, Transition};
 use crate::config::Config;
+use crate::fastmap::FastMap;
 use crate::limiter::Limiter;
 use crate::request::RequestView;
 use crate::response::{breaker_rejection, PolicyInfo, Rejection};
@@ -15,7 +16,6 @@ use crate::rng::SplitMix;
 use crate::shed::Shedders;
 use log::{info, warn};
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// Everything a stream needs, derived once per configuration.
 pub struct Plugin {
@@ -27,7 +27,7 @@ pub struct Plugin {
     pub breaker_metrics: BreakerMetrics,
     pub shedders: RefCell<Shedders>,
     /// Concurrency slots held, by stream id (see `shedding`).
-    pub held: RefCell<HashMap<u32, Vec<usize>>>,
+    pub held: RefCell<FastMap<u32, Vec<usize>>>,
     /// Whether this VM ticks every millisecond (requests are queued).
     pub fast_tick: std::cell::Cell<bool>,
     pub shed_metrics: ShedMetrics,

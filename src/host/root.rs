@@ -9,6 +9,7 @@ use super::shedding::ShedMetrics;
 use super::store::{self, SharedData};
 use crate::breaker::runtime::Breakers;
 use crate::config;
+use crate::fastmap::FastMap;
 use crate::limiter::Limiter;
 use crate::response::PolicyInfo;
 use crate::rng::SplitMix;
@@ -18,7 +19,6 @@ use log::{error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 /// The tick period when no request waits in a sluice queue.
@@ -159,7 +159,7 @@ impl RootContext for Root {
             breakers: RefCell::new(breakers),
             breaker_metrics,
             shedders: RefCell::new(shedders),
-            held: RefCell::new(HashMap::new()),
+            held: RefCell::new(FastMap::default()),
             fast_tick: std::cell::Cell::new(false),
             shed_metrics,
             store_metrics,
