@@ -35,6 +35,26 @@ impl fmt::Display for ConfigError {
     }
 }
 
+/// Refuses item `i` of `list` (`rate_limits`, `circuit_breakers`,
+/// `shedders`) if its state id (the 32-bit hash of its definition that
+/// prefixes its shared-data keys) is already taken by an earlier item
+/// `(id, name)`: the two would share state. About one chance in four
+/// billion per pair; renaming either one changes its id.
+pub(crate) fn check_state_id<'a>(
+    list: &str,
+    i: usize,
+    id: &str,
+    earlier: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), ConfigError> {
+    match earlier.into_iter().find(|(other, _)| *other == id) {
+        Some((_, name)) => Err(err(
+            format!("{list}[{i}].name"),
+            format!("its state id collides with `{name}`'s; rename one of them"),
+        )),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.into(),

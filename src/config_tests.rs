@@ -182,3 +182,16 @@ fn bad_configurations_name_the_field_and_the_problem() {
         assert!(e.to_string().starts_with("invalid configuration"), "{e}");
     }
 }
+
+#[test]
+fn a_state_id_taken_by_an_earlier_item_is_refused_naming_both() {
+    let earlier = [("sl00000001/", "tenant"), ("sl00000002/", "global")];
+    assert_eq!(
+        crate::config::check_state_id("rate_limits", 2, "sl00000002/", earlier),
+        Err(crate::config::ConfigError {
+            field: "rate_limits[2].name".into(),
+            problem: "its state id collides with `global`'s; rename one of them".into(),
+        })
+    );
+    assert!(crate::config::check_state_id("shedders", 2, "sl00000003/", earlier).is_ok());
+}

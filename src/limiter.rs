@@ -25,7 +25,7 @@
 
 use crate::bucket::Outcome;
 use crate::codec::Slot;
-use crate::config::{Config, ConfigError, RuleSpec};
+use crate::config::{check_state_id, Config, ConfigError, RuleSpec};
 use crate::keys::{place, Placement};
 use crate::request::RequestView;
 use crate::siphash::SipHasher13;
@@ -147,15 +147,10 @@ impl Limiter {
         let mut rules: Vec<Rule> = Vec::with_capacity(config.rules.len());
         for (i, spec) in config.rules.iter().enumerate() {
             let prefix = format!("sl{:08x}/", table_id(&config.domain, spec));
-            if let Some(other) = rules.iter().find(|r| r.prefix == prefix) {
-                return Err(ConfigError {
-                    field: format!("rate_limits[{i}].name"),
-                    problem: format!(
-                        "its state table id collides with rule `{}`; rename one of them",
-                        other.spec.name
-                    ),
-                });
-            }
+            let earlier = rules
+                .iter()
+                .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
+            check_state_id("rate_limits", i, &prefix, earlier)?;
             rules.push(Rule {
                 prefix,
                 spec: spec.clone(),

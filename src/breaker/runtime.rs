@@ -10,7 +10,7 @@
 
 use super::codec::{decode, encode};
 use super::{Admit, BreakerKey, BreakerSpec, State, Transition};
-use crate::config::{Config, ConfigError};
+use crate::config::{check_state_id, Config, ConfigError};
 use crate::fastmap::FastMap;
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
@@ -100,12 +100,10 @@ impl Breakers {
         let mut rules: Vec<Breaker> = Vec::new();
         for (i, spec) in config.breakers.iter().enumerate() {
             let prefix = format!("cb{:08x}/", table_id(&config.domain, spec));
-            if rules.iter().any(|r| r.prefix == prefix) {
-                return Err(ConfigError {
-                    field: format!("circuit_breakers[{i}].name"),
-                    problem: "state id collision; rename it".into(),
-                });
-            }
+            let earlier = rules
+                .iter()
+                .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
+            check_state_id("circuit_breakers", i, &prefix, earlier)?;
             rules.push(Breaker {
                 spec: Rc::new(spec.clone()),
                 prefix,

@@ -18,7 +18,7 @@ pub mod config;
 #[cfg(test)]
 mod tests;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{check_state_id, Config, ConfigError};
 use crate::request::RequestView;
 use crate::siphash::SipHasher13;
 use crate::store::{update, Store, StoreError, Update};
@@ -153,12 +153,10 @@ impl Shedders {
         let mut rules: Vec<Shedder> = Vec::new();
         for (i, spec) in config.shedders.iter().enumerate() {
             let inflight_key = format!("sh{:08x}/inflight", table_id(&config.domain, spec));
-            if rules.iter().any(|r| r.inflight_key == inflight_key) {
-                return Err(ConfigError {
-                    field: format!("shedders[{i}].name"),
-                    problem: "state id collision; rename it".into(),
-                });
-            }
+            let earlier = rules
+                .iter()
+                .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
+            check_state_id("shedders", i, &inflight_key, earlier)?;
             rules.push(Shedder {
                 spec: spec.clone(),
                 inflight_key,
