@@ -66,7 +66,7 @@ def filters_for(kind, cfg, wasm):
     return [wasm_filter(cfg, wasm=wasm)]
 
 
-def count(filters, upstream_port, warmup, requests, tmp, keep=None):
+def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=False):
     """Instructions the front Envoy executed while answering `requests`."""
     port = free_port()
     out = Path(tempfile.mkdtemp(dir=tmp)) / "callgrind.out"
@@ -90,15 +90,17 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None):
         conn.close()
         if statuses.count(200) != requests:
             raise RuntimeError(f"only {statuses.count(200)} of {requests} measured requests were answered 200")
+    # One output file per dump (normally one, at exit): each counts its own
+    # stretch, so the files add up. In a file, "summary" and "totals" agree.
     total, jit = 0, 0
     for f in out.parent.glob("callgrind.out*"):
         jit += jit_instructions(f)
-        for line in f.read_text(errors="replace").splitlines():
-            m = re.match(r"(?:totals|summary):\s+(\d+)", line)
-            if m:
-                total = max(total, int(m.group(1)))
+        total += max((int(m.group(1)) for m in re.finditer(r"^(?:totals|summary):\s+(\d+)",
+                                                           f.read_text(errors="replace"), re.M)), default=0)
     if not total:
         raise RuntimeError(f"no instruction total in {out.parent}")
+    if expect_jit and not jit:
+        raise RuntimeError("callgrind_annotate showed no instructions in JIT code for a sluice scenario")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         for f in out.parent.glob("callgrind.out*"):
@@ -118,7 +120,7 @@ def jit_instructions(f):
                          text=True, timeout=300).stdout
     jit = 0
     for line in out.splitlines():
-        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\?\?\?:(0x[0-9a-f]+)\S* \[\?\?\?\]$", line)
+        m = re.match(r"\s*([\d,]+) (?:\(\s*[\d.]+%\)\s+)?\?\?\?:(0x[0-9a-f]+)\S* \[\?\?\?\]$", line)
         if m and int(m.group(2), 16) >= 1 << 32:
             jit += int(m.group(1).replace(",", ""))
     return jit
@@ -152,7 +154,8 @@ def main():
                     continue
                 for vname, wasm in (variants if kind == "sluice" else [("-", None)]):
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
-                    r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep)
+                    r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
+                              expect_jit=kind == "sluice")
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)
                     print(f"  {sid:<8} {vname:<10} {r['instructions_per_request']:>9.0f} instructions/request "

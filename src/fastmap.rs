@@ -56,9 +56,13 @@ impl Hasher for FastHasher {
     }
 
     fn finish(&self) -> u64 {
-        // Fold the high bits down: hashbrown takes its buckets from the low
-        // bits and its tags from the top seven.
-        self.0 ^ (self.0 >> 32)
+        // One more multiply and fold: hashbrown takes the bucket from the
+        // low bits and a 7-bit tag from the top of the hash cut to the
+        // platform's width (32 bits on wasm32), and slot keys that differ
+        // only in their last digits differ only in the high bytes of the
+        // last word.
+        let h = (self.0 ^ (self.0 >> 32)).wrapping_mul(K);
+        h ^ (h >> 32)
     }
 }
 
@@ -86,6 +90,33 @@ mod tests {
             .collect();
         let distinct: std::collections::HashSet<u64> = keys.iter().map(|k| hash(k)).collect();
         assert_eq!(distinct.len(), keys.len());
+    }
+
+    /// Buckets (low 11 bits) and 32-bit tags (top 7 bits of the low 32)
+    /// used by `n` keys, as hashbrown would pick them on wasm32.
+    fn spread(keys: impl Iterator<Item = Vec<u8>>) -> (usize, usize) {
+        let mut buckets = std::collections::HashSet::new();
+        let mut tags = std::collections::HashSet::new();
+        for k in keys {
+            let mut h = FastHasher::default();
+            h.write(&k);
+            let v = h.finish();
+            buckets.insert(v & 2047);
+            tags.insert((v as u32) >> 25);
+        }
+        (buckets.len(), tags.len())
+    }
+
+    #[test]
+    fn slot_keys_differing_only_in_their_last_digits_spread_like_random_ones() {
+        // 1,024 keys in 2,048 buckets: random placement fills about 806.
+        for (first, step) in [(0u32, 1u32), (1000, 7), (9000, 1), (123_456, 13)] {
+            let keys =
+                (0..1024u32).map(|i| format!("sl1f2e3d4c/{}", first + i * step).into_bytes());
+            let (buckets, tags) = spread(keys);
+            assert!(buckets > 740, "{first}+{step}: {buckets} buckets");
+            assert!(tags > 120, "{first}+{step}: {tags} tags");
+        }
     }
 
     #[test]
