@@ -22,6 +22,7 @@ not absolute numbers.
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -174,16 +175,19 @@ end
 """
 
 
-def wrk(port, duration_s, connections, delay_ms=0, tmp=None):
-    """Runs wrk (one thread) against the port; returns its summary as a dict."""
+def wrk(port, duration_s, connections, delay_ms=0, tmp=None, phase=None):
+    """Runs wrk (one thread) against the port; returns its summary as a dict.
+    `phase`: sent as `x-bench-phase`, which the paced rounds' access log
+    records, to tell warm-up requests from measured ones."""
     script = Path(tmp) / f"wrk-{delay_ms}.lua"
     text = LUA_DONE
     if delay_ms:
         text = f"delay = function() return {delay_ms} end\n" + text
     script.write_text(text)
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--timeout", "2s",
-           "-s", str(script), "-H", f"{TENANT_HEADER[0]}: {TENANT_HEADER[1]}",
-           f"http://127.0.0.1:{port}/"]
+           "-s", str(script), "-H", f"{TENANT_HEADER[0]}: {TENANT_HEADER[1]}"]
+    cmd += ["-H", f"x-bench-phase: {phase}"] if phase else []
+    cmd += [f"http://127.0.0.1:{port}/"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 30)
     m = re.search(r"^SLUICE_JSON (\{.*\})$", p.stdout, re.M)
     if p.returncode != 0 or not m:
@@ -236,7 +240,7 @@ def sums(stats):
 # the encoder filters, sluice's response work among them). It leaves out the
 # time spent waiting on the client and the upstream, whose scheduling noise
 # on this machine drowns a filter's few µs in wrk's end-to-end latency.
-PROXY_TIME_FORMAT = ("%COMMON_DURATION(DS_RX_END:US_TX_BEG:us)% "
+PROXY_TIME_FORMAT = ("%REQ(X-BENCH-PHASE)% %COMMON_DURATION(DS_RX_END:US_TX_BEG:us)% "
                      "%COMMON_DURATION(US_RX_BEG:DS_TX_END:us)%\n")
 
 
@@ -254,20 +258,26 @@ class Front(Envoy):
                 "log_format": {"text_format_source": {"inline_string": PROXY_TIME_FORMAT}}}}]
 
 
-def proxy_times_us(access_log, skip):
-    """Envoy's own time (µs) on each request logged after the first `skip`."""
-    out = []
-    for line in Path(access_log).read_text().splitlines()[skip:]:
+def proxy_times_us(access_log, phase):
+    """Envoy's own time (µs) on each request of `phase`, and how many of
+    them lack a time point (cut off by wrk's stop, or answered without the
+    upstream: a local reply)."""
+    times, partial = [], 0
+    for line in Path(access_log).read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2 and all(p.isdigit() for p in parts):
-            out.append(int(parts[0]) + int(parts[1]))
-    return out
+        if len(parts) != 3 or parts[0] != phase:
+            continue
+        if parts[1].isdigit() and parts[2].isdigit():
+            times.append(int(parts[1]) + int(parts[2]))
+        else:
+            partial += 1
+    return times, partial
 
 
 def percentile(values, q):
     """The nearest-rank percentile (q in 0..100) of a non-empty list."""
     v = sorted(values)
-    return v[max(0, min(len(v) - 1, -(-len(v) * q // 100) - 1))]
+    return v[max(0, min(len(v) - 1, math.ceil(len(v) * q / 100) - 1))]
 
 
 def one_round(sc, concurrency, upstream_port, args, tmp, connections=None, delay_ms=0, proxy_time=False):
@@ -275,10 +285,11 @@ def one_round(sc, concurrency, upstream_port, args, tmp, connections=None, delay
     with `proxy_time`, Envoy's own time on each measured request)."""
     access_log = Path(tmp) / f"access-{sc['id']}-{time.time_ns()}.log" if proxy_time else None
     with Front(sc["filters"], upstream_port, concurrency, access_log) as f:
-        wrk(f.port, args.warmup, connections or args.connections, delay_ms, tmp)
+        wrk(f.port, args.warmup, connections or args.connections, delay_ms, tmp, "warm" if proxy_time else None)
         before = sums(f.stats())
         t0 = cpu_ticks(f.proc.pid)
-        w = wrk(f.port, args.duration, connections or args.connections, delay_ms, tmp)
+        w = wrk(f.port, args.duration, connections or args.connections, delay_ms, tmp,
+                "run" if proxy_time else None)
         cpu = cpu_ticks(f.proc.pid) - t0
         time.sleep(harness.METRICS_LAG_S)  # sluice's counters reach Envoy on a tick
         after = sums(f.stats())
@@ -287,12 +298,15 @@ def one_round(sc, concurrency, upstream_port, args, tmp, connections=None, delay
     served = max(d["rq_total"], 1)
     proxy = {}
     if proxy_time:
-        # The warm-up's requests were all answered (and logged) before `before`.
-        times = proxy_times_us(access_log, skip=before["rq_total"])
-        if len(times) < d["rq_total"] * 0.9:
-            raise RuntimeError(f"the access log has {len(times)} of {d['rq_total']} measured requests")
+        # Envoy writes its log out as it stops; every measured request is in
+        # it, and at most one per connection was cut off by wrk's stop.
+        times, partial = proxy_times_us(access_log, "run")
+        conns = connections or args.connections
+        if not times or partial > conns or len(times) + partial < w["requests"]:
+            raise RuntimeError(f"the access log has {len(times)} timed and {partial} partial requests; "
+                               f"wrk sent {w['requests']} over {conns} connections")
         proxy = {"proxy_p50_us": percentile(times, 50), "proxy_p99_us": percentile(times, 99),
-                 "proxy_logged": len(times)}
+                 "proxy_logged": len(times), "proxy_partial": partial}
     return proxy | {
         "scenario": sc["id"], "concurrency": concurrency,
         "rps": w["rps"], "p50_us": w["p50_us"], "p90_us": w["p90_us"], "p99_us": w["p99_us"],
