@@ -93,7 +93,7 @@ mod tests {
     }
 
     /// Buckets (low 11 bits) and 32-bit tags (top 7 bits of the low 32)
-    /// used by `n` keys, as hashbrown would pick them on wasm32.
+    /// the keys use, as hashbrown would pick them on wasm32.
     fn spread(keys: impl Iterator<Item = Vec<u8>>) -> (usize, usize) {
         let mut buckets = std::collections::HashSet::new();
         let mut tags = std::collections::HashSet::new();
