@@ -249,13 +249,12 @@ class Front(Envoy):
         """`access_log`: a file for Envoy's own time on each request (see
         PROXY_TIME_FORMAT), read once Envoy has stopped and flushed it."""
         self.port = free_port()
-        super().__init__(front_bootstrap(self.port, free_port(), upstream_port, filters), concurrency)
-        if access_log:
-            hcm = self.bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-            hcm["typed_config"]["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                "path": str(access_log),
-                "log_format": {"text_format_source": {"inline_string": PROXY_TIME_FORMAT}}}}]
+        extra = {"access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": str(access_log),
+            "log_format": {"text_format_source": {"inline_string": PROXY_TIME_FORMAT}}}}]} if access_log else None
+        super().__init__(front_bootstrap(self.port, free_port(), upstream_port, filters, hcm_extra=extra),
+                         concurrency)
 
 
 def proxy_times_us(access_log, phase):

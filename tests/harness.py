@@ -120,13 +120,14 @@ def cluster(name, port):
     }
 
 
-def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=()):
+def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=(), hcm_extra=None):
+    """`hcm_extra`: more HttpConnectionManager fields (an access log, say)."""
     routes = routes or [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": {"stats_tags": STATS_TAGS},
         "static_resources": {
-            "listeners": [listener("front", port, hcm("front", routes, http_filters))],
+            "listeners": [listener("front", port, hcm("front", routes, http_filters, hcm_extra))],
             "clusters": [cluster("upstream", upstream_port)] + [cluster(n, p) for n, p in extra_clusters],
         },
     }
