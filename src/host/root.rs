@@ -112,7 +112,7 @@ impl RootContext for Root {
         };
         let names: Vec<&str> = config.breakers.iter().map(|b| b.name.as_str()).collect();
         let breaker_metrics = BreakerMetrics::define(&names);
-        let shedders = match Shedders::new(&config, now_ns() / 1_000_000) {
+        let shedders = match Shedders::new(&config, now_ns() / 1_000_000, random_u64() as u32) {
             Ok(s) => s,
             Err(e) => {
                 error!("sluice: {e}");

@@ -70,6 +70,8 @@ enum Op {
     Release,
     /// A worker gives back `n` leased slots it did not use.
     Return(u64),
+    /// A waiter replaced another (evicted): only the claim may change.
+    Requeue,
 }
 
 /// Slots a worker may keep leased for a concurrency limit of `max`: a
@@ -84,23 +86,106 @@ pub fn lease_cap(max: u64) -> u64 {
     }
 }
 
-fn encode_counter((inflight, waiting): (u64, u64)) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (dst, src) in out.iter_mut().zip(
-        inflight
-            .to_le_bytes()
-            .into_iter()
-            .chain(waiting.to_le_bytes()),
-    ) {
-        *dst = src;
+/// A worker's most deserving waiter, announced in the shared entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    class: Class,
+    since_ms: u64,
+    /// The announcing worker's tag (random per worker VM).
+    worker: u32,
+}
+
+impl Claim {
+    /// Whether this waiter goes before `other`: a higher class, or the
+    /// same class and waiting since earlier.
+    fn before(&self, other: &Claim) -> bool {
+        self.class > other.class || (self.class == other.class && self.since_ms < other.since_ms)
+    }
+
+    /// The order claims are kept in: best first, then by worker.
+    fn order(&self, other: &Claim) -> std::cmp::Ordering {
+        other
+            .class
+            .cmp(&self.class)
+            .then(self.since_ms.cmp(&other.since_ms))
+            .then(self.worker.cmp(&other.worker))
+    }
+}
+
+/// A queue-mode shedder's shared entry: slots in flight, requests waiting
+/// on all workers, and each waiting worker's best waiter (its claim).
+///
+/// The claims keep the queue global across workers: a worker may admit
+/// its own waiter only if no other worker claims one that goes before it.
+/// Without them, a worker whose requests end would hand their slots to
+/// its own waiters forever while another worker's waited out `max_wait`.
+/// Every change a worker makes to the entry also sets its own claim to
+/// its best waiter after the change (none once its queue is empty), so
+/// the claims follow the queues exactly. A claim older than `max_wait`
+/// plus [`CLAIM_GRACE_MS`] is ignored and dropped (its worker is gone:
+/// its waiters would have left by then). At most [`MAX_CLAIMS`] are
+/// kept, the best ones: a worker left out has only waiters that go
+/// after all of them, which none of those workers lets in early.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Shared {
+    inflight: u64,
+    waiting: u64,
+    /// Sorted by `Claim::order`, one per worker.
+    claims: Vec<Claim>,
+}
+
+/// How long past `max_wait` a claim still counts (see `Shared`).
+const CLAIM_GRACE_MS: u64 = 50;
+
+/// Claims kept in a shared entry, at most (see `Shared`).
+const MAX_CLAIMS: usize = 64;
+
+/// Encoded size of one claim: class, since, worker.
+const CLAIM_LEN: usize = 13;
+
+fn encode_shared(v: &Shared) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + CLAIM_LEN * v.claims.len());
+    out.extend_from_slice(&v.inflight.to_le_bytes());
+    out.extend_from_slice(&v.waiting.to_le_bytes());
+    for c in &v.claims {
+        out.push(c.class as u8);
+        out.extend_from_slice(&c.since_ms.to_le_bytes());
+        out.extend_from_slice(&c.worker.to_le_bytes());
     }
     out
 }
 
-fn decode_counter(bytes: &[u8]) -> Option<(u64, u64)> {
-    let a: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
-    let b: [u8; 8] = bytes.get(8..16)?.try_into().ok()?;
-    (bytes.len() == 16).then(|| (u64::from_le_bytes(a), u64::from_le_bytes(b)))
+fn decode_shared(bytes: &[u8]) -> Option<Shared> {
+    let u64_at = |i: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(bytes.get(i..i + 8)?.try_into().ok()?))
+    };
+    let rest = bytes.get(16..)?;
+    if rest.len() % CLAIM_LEN != 0 || rest.len() / CLAIM_LEN > MAX_CLAIMS {
+        return None;
+    }
+    let mut claims = Vec::with_capacity(rest.len() / CLAIM_LEN);
+    for c in rest.chunks_exact(CLAIM_LEN) {
+        let class = [Class::Sheddable, Class::Default, Class::Critical]
+            .get(usize::from(*c.first()?))
+            .copied()?;
+        claims.push(Claim {
+            class,
+            since_ms: u64::from_le_bytes(c.get(1..9)?.try_into().ok()?),
+            worker: u32::from_le_bytes(c.get(9..13)?.try_into().ok()?),
+        });
+    }
+    // Written sorted: anything else is not ours.
+    if !claims
+        .windows(2)
+        .all(|w| matches!(w, [a, b] if a.order(b).is_lt()))
+    {
+        return None;
+    }
+    Some(Shared {
+        inflight: u64_at(0)?,
+        waiting: u64_at(8)?,
+        claims,
+    })
 }
 
 /// A shedder and its shared in-flight counter key.
@@ -138,6 +223,10 @@ pub struct Shedders {
     pub changes: Vec<(usize, bool)>,
     /// Counter decrements that failed, to retry (see `try_op`).
     retry: Vec<(usize, Op)>,
+    /// This worker's tag in claims (see `Shared`).
+    worker: u32,
+    /// The latest time this worker saw (for the age of claims).
+    now_ms: u64,
 }
 
 fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
@@ -149,7 +238,8 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
 }
 
 impl Shedders {
-    pub fn new(config: &Config, now_ms: u64) -> Result<Self, ConfigError> {
+    /// `worker` tags this worker's claims: random per worker VM.
+    pub fn new(config: &Config, now_ms: u64, worker: u32) -> Result<Self, ConfigError> {
         let mut rules: Vec<Shedder> = Vec::new();
         for (i, spec) in config.shedders.iter().enumerate() {
             let inflight_key = format!("sh{:08x}/inflight", table_id(&config.domain, spec));
@@ -186,6 +276,8 @@ impl Shedders {
             store_failures: 0,
             changes: Vec::new(),
             retry: Vec::new(),
+            worker,
+            now_ms,
         })
     }
 
@@ -259,25 +351,70 @@ impl Shedders {
         Some(conc.max as u64)
     }
 
-    /// Applies `op` to the shared (in-flight, waiting) pair by CAS.
-    /// Returns whether the op took effect (admissions need a free slot).
+    /// This worker's two most deserving waiters of shedder `s`, as claims.
+    fn heads(&self, s: usize) -> (Option<Claim>, Option<Claim>) {
+        let Some(l) = self.local.get(s) else {
+            return (None, None);
+        };
+        let claim = |w: &Waiter| Claim {
+            class: w.class,
+            since_ms: w.since_ms,
+            worker: self.worker,
+        };
+        let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
+        (best.next().map(claim), best.next().map(claim))
+    }
+
+    /// Applies `op` to the shared entry by CAS, and keeps this worker's
+    /// claim up to date (see `Shared`). Returns whether the op took effect
+    /// (admissions need a free slot, and no other worker's claim before
+    /// the waiter).
     fn counter(&mut self, store: &dyn Store, s: usize, op: Op) -> Result<bool, StoreError> {
         let Some(rule) = self.rules.get(s) else {
             return Ok(false);
         };
         let max = self.limit(s).unwrap_or(u32::MAX as u64);
+        let max_wait = rule.spec.concurrency.as_ref().map_or(0, |c| c.max_wait_ms);
         let key = rule.inflight_key.clone();
         let lease = self.local.get(s).map_or(0, |l| l.lease);
+        // This worker's best waiter now, and once the op is done.
+        let (head, second) = self.heads(s);
+        let head_after = if op == Op::Admit { second } else { head };
+        let (me, now) = (self.worker, self.now_ms);
         let failures = &mut self.store_failures;
         let granted = update(store, &key, self.max_retries, |found| {
-            let (inflight, waiting) = match found {
-                Some(e) => decode_counter(&e.bytes).unwrap_or_else(|| {
+            let old = match found {
+                Some(e) => decode_shared(&e.bytes).unwrap_or_else(|| {
                     *failures += 1;
-                    (0, 0)
+                    Shared::default()
                 }),
-                None => (0, 0),
+                None => Shared::default(),
             };
-            let next = match op {
+            let (inflight, waiting) = (old.inflight, old.waiting);
+            // Other workers' live claims, best first.
+            let live = |c: &&Claim| {
+                c.worker != me && c.since_ms.saturating_add(max_wait + CLAIM_GRACE_MS) >= now
+            };
+            let first = old.claims.iter().find(live).copied();
+            // The entry after an op: the other live claims, and ours.
+            let write = |inflight: u64, waiting: u64, mine: Option<Claim>| {
+                let mut claims = Vec::new();
+                if waiting > 0 {
+                    // Kept sorted: the others' stay in order, ours goes in its place.
+                    claims.extend(old.claims.iter().filter(live).copied());
+                    if let Some(m) = mine {
+                        let at = claims.partition_point(|c| c.order(&m).is_lt());
+                        claims.insert(at, m);
+                    }
+                    claims.truncate(MAX_CLAIMS);
+                }
+                Shared {
+                    inflight,
+                    waiting,
+                    claims,
+                }
+            };
+            let (next, granted) = match op {
                 // A new request may take a free slot only if nobody waits
                 // on any worker: the queue is global in effect.
                 Op::Direct if inflight >= max || waiting > 0 => return Update::Keep(None),
@@ -288,19 +425,33 @@ impl Shedders {
                     let want = lease_cap(max).saturating_sub(lease);
                     let calm = want > 0 && inflight + 1 + want <= max - max / 4;
                     let granted = if calm { want } else { 0 };
-                    return Update::Write(
-                        encode_counter((inflight + 1 + granted, waiting)),
-                        Some(granted),
-                    );
+                    (write(inflight + 1 + granted, waiting, head), Some(granted))
                 }
-                Op::Enqueue => (inflight, waiting + 1),
-                Op::Admit if inflight >= max => return Update::Keep(None),
-                Op::Admit => (inflight + 1, waiting.saturating_sub(1)),
-                Op::Leave => (inflight, waiting.saturating_sub(1)),
-                Op::Release => (inflight.saturating_sub(1), waiting),
-                Op::Return(n) => (inflight.saturating_sub(n), waiting),
+                Op::Enqueue => (write(inflight, waiting + 1, head), Some(0)),
+                Op::Admit => match head {
+                    None => return Update::Keep(None),
+                    // Another worker's waiter goes first: leave the slot to it.
+                    Some(w) if first.is_some_and(|t| t.before(&w)) => return Update::Keep(None),
+                    // No free slot. Our claim is already ours unless a
+                    // write failed: then it is mended here.
+                    Some(_) if inflight >= max => {
+                        let next = write(inflight, waiting, head);
+                        if next == old {
+                            return Update::Keep(None);
+                        }
+                        (next, None)
+                    }
+                    Some(_) => (
+                        write(inflight + 1, waiting.saturating_sub(1), head_after),
+                        Some(0),
+                    ),
+                },
+                Op::Leave => (write(inflight, waiting.saturating_sub(1), head), Some(0)),
+                Op::Release => (write(inflight.saturating_sub(1), waiting, head), Some(0)),
+                Op::Return(n) => (write(inflight.saturating_sub(n), waiting, head), Some(0)),
+                Op::Requeue => (write(inflight, waiting, head), Some(0)),
             };
-            Update::Write(encode_counter(next), Some(0))
+            Update::Write(encode_shared(&next), granted)
         })?;
         if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
             // Calm while a direct admission is granted a lease top-up; a
@@ -315,7 +466,7 @@ impl Shedders {
     pub fn create(&self, store: &dyn Store) -> Result<(), StoreError> {
         for r in self.rules.iter().filter(|r| r.spec.concurrency.is_some()) {
             if store.get(&r.inflight_key)?.is_none() {
-                store.set(&r.inflight_key, &encode_counter((0, 0)), None)?;
+                store.set(&r.inflight_key, &encode_shared(&Shared::default()), None)?;
             }
         }
         Ok(())
@@ -334,7 +485,7 @@ impl Shedders {
                     Op::Release | Op::Leave | Op::Return(_) => self.retry.push((s, op)),
                     // Admitted without a slot: the waiter still left the queue.
                     Op::Admit => self.retry.push((s, Op::Leave)),
-                    Op::Direct | Op::Enqueue => {}
+                    Op::Direct | Op::Enqueue | Op::Requeue => {}
                 }
                 None
             }
@@ -363,6 +514,7 @@ impl Shedders {
         id: u32,
         class: Class,
     ) -> Arrival {
+        self.now_ms = self.now_ms.max(now_ms);
         self.roll(s, now_ms);
         let Some(rule) = self.rules.get(s) else {
             return Arrival::Admit { slot: false };
@@ -430,15 +582,21 @@ impl Shedders {
                 since_ms: now_ms,
             });
         }
-        if evicted.is_none() {
-            self.try_op(store, s, Op::Enqueue);
-        }
+        // An eviction leaves the count as it is; either way the new
+        // waiter may now be this worker's best (its claim).
+        let op = if evicted.is_none() {
+            Op::Enqueue
+        } else {
+            Op::Requeue
+        };
+        self.try_op(store, s, op);
         Arrival::Queue { evicted }
     }
 
     /// Sheds waiters past their limit and resumes as many as slots allow,
     /// highest class first, oldest first within a class.
     pub fn wake(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Vec<Wake> {
+        self.now_ms = self.now_ms.max(now_ms);
         self.roll(s, now_ms);
         if !self.retry.is_empty() {
             self.retry_failed(store);

@@ -90,9 +90,12 @@ fn codel_arrival_shedding_respects_priorities() {
     assert!(!c.shed_on_arrival(Class::Critical));
 }
 
+/// A worker's shedders (each call a new worker tag) and a store for them.
 fn shedders(json: &str) -> (Shedders, MemoryStore) {
+    static WORKER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let worker = WORKER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let c = parse(json.as_bytes()).expect("valid");
-    let s = Shedders::new(&c, T0).expect("ok");
+    let s = Shedders::new(&c, T0, worker).expect("ok");
     let store = MemoryStore::default();
     s.create(&store).expect("created");
     (s, store)
@@ -101,10 +104,15 @@ fn shedders(json: &str) -> (Shedders, MemoryStore) {
 const QUEUE: &str = r#"{"shedders":[{"name":"q","concurrency":{"max":2,"queue":3,"max_wait":"500ms"},
     "priority":{"header":"x-priority"}}]}"#;
 
-fn counters(store: &MemoryStore) -> (u64, u64) {
+fn shared(store: &MemoryStore) -> Shared {
     let map = store.map.borrow();
     let (bytes, _) = map.values().next().expect("counter");
-    super::decode_counter(bytes).expect("16 bytes")
+    decode_shared(bytes).expect("decodes")
+}
+
+fn counters(store: &MemoryStore) -> (u64, u64) {
+    let shared = shared(store);
+    (shared.inflight, shared.waiting)
 }
 
 fn inflight(store: &MemoryStore) -> u64 {
@@ -251,6 +259,220 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
     assert_eq!(a.queued(0), 1);
 }
 
+#[test]
+fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        b.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    // a's waiter comes first, then one on b.
+    assert_eq!(
+        a.arrive(&store, T0 + 1, 0, 3, Class::Critical),
+        Arrival::Queue { evicted: None }
+    );
+    assert_eq!(
+        b.arrive(&store, T0 + 2, 0, 4, Class::Critical),
+        Arrival::Queue { evicted: None }
+    );
+    // b's request ends: b does not hand the slot to its own, younger waiter...
+    b.release(&store, 0);
+    assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
+    // ...a's next tick takes it.
+    assert_eq!(
+        a.wake(&store, T0 + 4, 0),
+        vec![Wake::Resume {
+            id: 3,
+            waited_ms: 3,
+            slot: true
+        }]
+    );
+    // The next slot that frees is b's waiter's.
+    a.release(&store, 0);
+    assert_eq!(
+        b.wake(&store, T0 + 5, 0),
+        vec![Wake::Resume {
+            id: 4,
+            waited_ms: 3,
+            slot: true
+        }]
+    );
+    assert_eq!(counters(&store), (2, 0));
+}
+
+#[test]
+fn a_higher_class_waiting_on_another_worker_goes_first() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        b.arrive(&store, T0, 0, id, Class::Default);
+    }
+    // b's default waiter is older than a's critical one.
+    b.arrive(&store, T0 + 1, 0, 3, Class::Default);
+    a.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    b.release(&store, 0);
+    assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
+    assert!(matches!(
+        a.wake(&store, T0 + 3, 0).as_slice(),
+        [Wake::Resume { id: 4, .. }]
+    ));
+}
+
+#[test]
+fn a_claim_from_a_worker_gone_for_longer_than_max_wait_is_ignored() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        b.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    // a claims, then is never heard of again (its VM is gone).
+    a.arrive(&store, T0 + 1, 0, 3, Class::Critical);
+    b.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    b.release(&store, 0);
+    assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
+    // Within max_wait (500 ms) and the grace, b still leaves the slot; after, b takes it.
+    assert_eq!(
+        b.wake(&store, T0 + 1 + 500 + CLAIM_GRACE_MS, 0),
+        vec![Wake::Shed {
+            waiter: Waiter {
+                id: 4,
+                class: Class::Critical,
+                since_ms: T0 + 2
+            }
+        }]
+    );
+    b.arrive(&store, T0 + 560, 0, 5, Class::Critical);
+    assert!(matches!(
+        b.wake(&store, T0 + 561, 0).as_slice(),
+        [Wake::Resume { id: 5, .. }]
+    ));
+}
+
+#[test]
+fn the_shared_entry_round_trips_and_rejects_what_does_not_decode() {
+    let claim = |class, worker| Claim {
+        class,
+        since_ms: T0,
+        worker,
+    };
+    let v = Shared {
+        inflight: 7,
+        waiting: 3,
+        claims: vec![
+            claim(Class::Critical, 1),
+            claim(Class::Sheddable, 0xdead_beef),
+        ],
+    };
+    assert_eq!(decode_shared(&encode_shared(&v)), Some(v.clone()));
+    // Nobody waiting: the two counters alone, as before claims.
+    let idle = Shared {
+        claims: Vec::new(),
+        ..v.clone()
+    };
+    assert_eq!(encode_shared(&idle).len(), 16);
+    assert_eq!(decode_shared(&encode_shared(&idle)), Some(idle));
+    // A class byte out of range, a cut claim, claims out of order, too
+    // many claims: corrupt.
+    let mut bad = encode_shared(&v);
+    bad[16] = 3;
+    assert_eq!(decode_shared(&bad), None);
+    let good = encode_shared(&v);
+    assert_eq!(decode_shared(&good[..good.len() - 1]), None);
+    assert_eq!(decode_shared(&good[..15]), None);
+    let unsorted = Shared {
+        claims: v.claims.iter().rev().copied().collect(),
+        ..v.clone()
+    };
+    assert_eq!(decode_shared(&encode_shared(&unsorted)), None);
+    let many = Shared {
+        claims: vec![claim(Class::Default, 1); MAX_CLAIMS + 1],
+        ..v
+    };
+    assert_eq!(decode_shared(&encode_shared(&many)), None);
+}
+
+#[test]
+fn property_every_client_gets_its_turn_whichever_worker_it_is_on() {
+    // As in the end-to-end test: an upstream taking 20 ms, 2 slots, and
+    // closed-loop clients of one class, 1 on worker a and 5 on worker b.
+    // A request that ends is released on its worker, which then wakes its
+    // own queue at once; every worker also wakes on its 1 ms tick. Every
+    // request is admitted in turn: every client gets the same share,
+    // whichever worker it is on. (Without the claims, each worker kept
+    // the slots that ended on it: a's client got half of all.)
+    const TWO: &str =
+        r#"{"shedders":[{"name":"q","concurrency":{"max":2,"queue":8,"max_wait":"500ms"}}]}"#;
+    for remembering in [false, true] {
+        let (w0, store) = shedders(TWO);
+        let (w1, _) = shedders(TWO);
+        let mut workers = [w0, w1];
+        let store = Rc::new(store);
+        let views = views(&store, 2, remembering);
+        let clients: [usize; 6] = [0, 1, 1, 1, 1, 1];
+        // Per client: Some(done_at) while it holds a slot.
+        let mut busy: Vec<Option<u64>> = vec![None; clients.len()];
+        let mut served = [0u32; 6];
+        let mut max_waited = 0;
+        let ids = |c: usize, n: u32| n * 8 + c as u32;
+        let mut n = 0u32;
+        let start = |w: &mut Shedders, view: &dyn Store, now: u64, c: usize, n: u32| {
+            let got = w.arrive(view, now, 0, ids(c, n), Class::Critical);
+            assert_ne!(got, Arrival::Shed);
+            got
+        };
+        for (c, &w) in clients.iter().enumerate() {
+            if start(&mut workers[w], &*views[w], T0, c, n) == (Arrival::Admit { slot: true }) {
+                busy[c] = Some(T0 + 20);
+            }
+        }
+        for now in T0 + 1..T0 + 5_000 {
+            for w in 0..2 {
+                // Requests ending on worker w: release, re-arrive, wake.
+                let ending: Vec<usize> = (0..clients.len())
+                    .filter(|&c| clients[c] == w && busy[c] == Some(now))
+                    .collect();
+                for c in ending {
+                    busy[c] = None;
+                    served[c] += 1;
+                    n += 1;
+                    workers[w].release(&*views[w], 0);
+                    if start(&mut workers[w], &*views[w], now, c, n)
+                        == (Arrival::Admit { slot: true })
+                    {
+                        busy[c] = Some(now + 20);
+                    }
+                }
+                for wake in workers[w].wake(&*views[w], now, 0) {
+                    match wake {
+                        Wake::Resume {
+                            id,
+                            waited_ms,
+                            slot,
+                        } => {
+                            assert!(slot);
+                            max_waited = max_waited.max(waited_ms);
+                            busy[(id % 8) as usize] = Some(now + 20);
+                        }
+                        Wake::Shed { waiter } => panic!("shed {waiter:?}"),
+                    }
+                }
+            }
+            assert!(busy.iter().filter(|b| b.is_some()).count() <= 2);
+        }
+        // 6 clients on 2 slots: each waits for the 2 ahead of it (40 ms),
+        // and a tick at most for a slot that frees on the other worker.
+        assert!(max_waited <= 42, "max waited {max_waited} ms");
+        let total: u32 = served.iter().sum();
+        assert!(total > 480, "served {total}");
+        for &n in &served {
+            assert!(
+                n * 6 * 100 > total * 97 && n * 6 * 100 < total * 103,
+                "shares {served:?}"
+            );
+        }
+    }
+}
+
 /// Three simulated workers over one store, and what the test driving
 /// them knows: the streams holding a slot and the streams waiting, by worker.
 struct Sim {
@@ -353,6 +575,20 @@ fn slots_are_conserved(remembering: bool) -> u32 {
             (sim.held.len() as u64, sim.queued.len() as u64)
         );
         assert_eq!(sim.leased(), 0); // a limit of 2: no leases
+                                     // Each worker's claim is its best waiter (while that one is live).
+        let shared = shared(&sim.store);
+        for w in &sim.workers {
+            let mine: Vec<_> = shared
+                .claims
+                .iter()
+                .filter(|c| c.worker == w.worker)
+                .collect();
+            match w.heads(0).0 {
+                Some(h) if h.since_ms + 500 + CLAIM_GRACE_MS >= now => assert_eq!(mine, [&h]),
+                Some(_) => assert!(mine.len() <= 1),
+                None => assert!(mine.is_empty()),
+            }
+        }
         assert!(sim.held.len() <= 2);
         assert!(sim.workers.iter().all(|x| x.queued(0) <= 3));
     }
@@ -398,7 +634,13 @@ fn a_worker_leases_slots_while_far_from_the_limit_and_returns_them_on_a_tick() {
     w.return_leases(&store);
     assert_eq!((inflight(&store), w.leased(0)), (0, 0));
     // Near the limit (over three quarters in flight) no lease is taken.
-    store.raw_set(&w.rules[0].inflight_key, &super::encode_counter((100, 0)));
+    store.raw_set(
+        &w.rules[0].inflight_key,
+        &super::encode_shared(&Shared {
+            inflight: 100,
+            ..Shared::default()
+        }),
+    );
     assert_eq!(
         w.arrive(&store, T0, 0, 7, Class::Default),
         Arrival::Admit { slot: true }
