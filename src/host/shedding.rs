@@ -192,12 +192,13 @@ impl Plugin {
         }
     }
 
-    /// Back to the slow tick once no request waits in this VM.
+    /// Back to the slow tick once no request waits in this VM (and no
+    /// failed decrement waits to be retried).
     pub fn slow_tick_when_idle(&self) {
-        let idle = self
-            .shedders
-            .try_borrow()
-            .is_ok_and(|sh| (0..self.config.shedders.len()).all(|s| sh.queued(s) == 0));
+        let idle = self.shedders.try_borrow().is_ok_and(|sh| {
+            // Failed decrements are retried on the next tick: soon.
+            !sh.has_retries() && (0..self.config.shedders.len()).all(|s| sh.queued(s) == 0)
+        });
         if idle && self.fast_tick.replace(false) {
             let _ = hostcalls::set_tick_period(super::root::SLOW_TICK);
         }

@@ -93,6 +93,9 @@ struct Claim {
     since_ms: u64,
     /// The announcing worker's tag (random per worker VM).
     worker: u32,
+    /// When its worker last wrote it: a claim not rewritten for
+    /// [`CLAIM_TTL_MS`] is dead (see `Shared`).
+    seen_ms: u64,
 }
 
 impl Claim {
@@ -100,6 +103,11 @@ impl Claim {
     /// same class and waiting since earlier.
     fn before(&self, other: &Claim) -> bool {
         self.class > other.class || (self.class == other.class && self.since_ms < other.since_ms)
+    }
+
+    /// Whether both name the same waiter (whenever they were written).
+    fn same(&self, other: &Claim) -> bool {
+        (self.class, self.since_ms, self.worker) == (other.class, other.since_ms, other.worker)
     }
 
     /// The order claims are kept in: best first, then by worker.
@@ -121,10 +129,13 @@ impl Claim {
 /// its own waiters forever while another worker's waited out `max_wait`.
 /// Every change a worker makes to the entry also sets its own claim to
 /// its best waiter after the change (none once its queue is empty), so
-/// the claims follow the queues exactly. A claim older than `max_wait`
-/// plus [`CLAIM_GRACE_MS`] is ignored and dropped (its worker is gone:
-/// its waiters would have left by then). At most [`MAX_CLAIMS`] are
-/// kept, the best ones: a worker left out has only waiters that go
+/// the claims follow the queues (unless a write fails: then until the
+/// worker's next write). A worker with waiters polls every millisecond
+/// and rewrites its claim at least every [`CLAIM_REFRESH_MS`]; a claim
+/// not rewritten for [`CLAIM_TTL_MS`] (or dated that far ahead) is
+/// ignored and dropped, so a worker that stops (its VM gone, or stalled)
+/// holds the others back for that long at most. At most [`MAX_CLAIMS`]
+/// are kept, the best ones: a worker left out has only waiters that go
 /// after all of them, which none of those workers lets in early.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Shared {
@@ -134,14 +145,16 @@ struct Shared {
     claims: Vec<Claim>,
 }
 
-/// How long past `max_wait` a claim still counts (see `Shared`).
-const CLAIM_GRACE_MS: u64 = 50;
+/// A worker with waiters rewrites its claim at least this often...
+const CLAIM_REFRESH_MS: u64 = 10;
+/// ...and a claim not rewritten for this long is dead (see `Shared`).
+const CLAIM_TTL_MS: u64 = 50;
 
 /// Claims kept in a shared entry, at most (see `Shared`).
 const MAX_CLAIMS: usize = 64;
 
-/// Encoded size of one claim: class, since, worker.
-const CLAIM_LEN: usize = 13;
+/// Encoded size of one claim: class, since, worker, seen.
+const CLAIM_LEN: usize = 21;
 
 fn encode_shared(v: &Shared) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + CLAIM_LEN * v.claims.len());
@@ -151,6 +164,7 @@ fn encode_shared(v: &Shared) -> Vec<u8> {
         out.push(c.class as u8);
         out.extend_from_slice(&c.since_ms.to_le_bytes());
         out.extend_from_slice(&c.worker.to_le_bytes());
+        out.extend_from_slice(&c.seen_ms.to_le_bytes());
     }
     out
 }
@@ -172,6 +186,7 @@ fn decode_shared(bytes: &[u8]) -> Option<Shared> {
             class,
             since_ms: u64::from_le_bytes(c.get(1..9)?.try_into().ok()?),
             worker: u32::from_le_bytes(c.get(9..13)?.try_into().ok()?),
+            seen_ms: u64::from_le_bytes(c.get(13..21)?.try_into().ok()?),
         });
     }
     // Written sorted: anything else is not ours.
@@ -242,7 +257,9 @@ impl Shedders {
     pub fn new(config: &Config, now_ms: u64, worker: u32) -> Result<Self, ConfigError> {
         let mut rules: Vec<Shedder> = Vec::new();
         for (i, spec) in config.shedders.iter().enumerate() {
-            let inflight_key = format!("sh{:08x}/inflight", table_id(&config.domain, spec));
+            // `/q2`: the entry with claims. An older sluice (16 bytes,
+            // `/inflight`) sharing the VM id while it drains keeps its own.
+            let inflight_key = format!("sh{:08x}/q2", table_id(&config.domain, spec));
             let earlier = rules
                 .iter()
                 .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
@@ -360,6 +377,7 @@ impl Shedders {
             class: w.class,
             since_ms: w.since_ms,
             worker: self.worker,
+            seen_ms: self.now_ms,
         };
         let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
         (best.next().map(claim), best.next().map(claim))
@@ -374,14 +392,21 @@ impl Shedders {
             return Ok(false);
         };
         let max = self.limit(s).unwrap_or(u32::MAX as u64);
-        let max_wait = rule.spec.concurrency.as_ref().map_or(0, |c| c.max_wait_ms);
         let key = rule.inflight_key.clone();
         let lease = self.local.get(s).map_or(0, |l| l.lease);
         // This worker's best waiter now, and once the op is done.
         let (head, second) = self.heads(s);
         let head_after = if op == Op::Admit { second } else { head };
         let (me, now) = (self.worker, self.now_ms);
+        // Arrivals and wakes come with the time; releases, cancels and
+        // returned leases do not (reading the clock costs), so `now` may be
+        // old then: those ops leave the other workers' claims as they are.
+        // (Our own claim is exact either way: a worker with waiters polls
+        // every millisecond, so its `now` is fresh.)
+        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
         let failures = &mut self.store_failures;
+        // Whether the last decision was a refusal that only wrote claims.
+        let mut refusal = false;
         let granted = update(store, &key, self.max_retries, |found| {
             let old = match found {
                 Some(e) => decode_shared(&e.bytes).unwrap_or_else(|| {
@@ -393,16 +418,28 @@ impl Shedders {
             let (inflight, waiting) = (old.inflight, old.waiting);
             // Other workers' live claims, best first.
             let live = |c: &&Claim| {
-                c.worker != me && c.since_ms.saturating_add(max_wait + CLAIM_GRACE_MS) >= now
+                c.worker != me
+                    && c.seen_ms.saturating_add(CLAIM_TTL_MS) >= now
+                    && c.seen_ms <= now.saturating_add(CLAIM_TTL_MS)
             };
             let first = old.claims.iter().find(live).copied();
+            // Our claim, with the time it was last written unless that is
+            // due again (so that a refusal need not write every time).
+            let ours = |m: Claim| {
+                let fresh = |c: &&Claim| {
+                    c.same(&m) && c.seen_ms <= now && c.seen_ms + CLAIM_REFRESH_MS > now
+                };
+                let seen_ms = old.claims.iter().find(fresh).map_or(now, |c| c.seen_ms);
+                Claim { seen_ms, ..m }
+            };
             // The entry after an op: the other live claims, and ours.
             let write = |inflight: u64, waiting: u64, mine: Option<Claim>| {
                 let mut claims = Vec::new();
                 if waiting > 0 {
                     // Kept sorted: the others' stay in order, ours goes in its place.
-                    claims.extend(old.claims.iter().filter(live).copied());
-                    if let Some(m) = mine {
+                    let others = |c: &&Claim| if timely { live(c) } else { c.worker != me };
+                    claims.extend(old.claims.iter().filter(others).copied());
+                    if let Some(m) = mine.map(ours) {
                         let at = claims.partition_point(|c| c.order(&m).is_lt());
                         claims.insert(at, m);
                     }
@@ -414,6 +451,7 @@ impl Shedders {
                     claims,
                 }
             };
+            refusal = false;
             let (next, granted) = match op {
                 // A new request may take a free slot only if nobody waits
                 // on any worker: the queue is global in effect.
@@ -430,15 +468,15 @@ impl Shedders {
                 Op::Enqueue => (write(inflight, waiting + 1, head), Some(0)),
                 Op::Admit => match head {
                     None => return Update::Keep(None),
-                    // Another worker's waiter goes first: leave the slot to it.
-                    Some(w) if first.is_some_and(|t| t.before(&w)) => return Update::Keep(None),
-                    // No free slot. Our claim is already ours unless a
-                    // write failed: then it is mended here.
-                    Some(_) if inflight >= max => {
+                    // No free slot, or another worker's waiter goes first
+                    // (the slot is left to it): refused. Our claim is
+                    // rewritten when due, or mended after a failed write.
+                    Some(w) if inflight >= max || first.is_some_and(|t| t.before(&w)) => {
                         let next = write(inflight, waiting, head);
                         if next == old {
                             return Update::Keep(None);
                         }
+                        refusal = true;
                         (next, None)
                     }
                     Some(_) => (
@@ -452,7 +490,14 @@ impl Shedders {
                 Op::Requeue => (write(inflight, waiting, head), Some(0)),
             };
             Update::Write(encode_shared(&next), granted)
-        })?;
+        });
+        let granted = match granted {
+            // A refusal whose claim could not be written is still a
+            // refusal, not store trouble (which would let a waiter in
+            // without a slot, over the limit).
+            Err(_) if refusal => None,
+            other => other?,
+        };
         if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
             // Calm while a direct admission is granted a lease top-up; a
             // refused one (`None`: at the limit, or waiters) is not calm.

@@ -319,7 +319,7 @@ fn a_higher_class_waiting_on_another_worker_goes_first() {
 }
 
 #[test]
-fn a_claim_from_a_worker_gone_for_longer_than_max_wait_is_ignored() {
+fn a_claim_its_worker_stopped_rewriting_is_ignored_after_its_ttl() {
     let (mut a, store) = shedders(QUEUE);
     let (mut b, _) = shedders(QUEUE);
     for id in 1..=2 {
@@ -329,23 +329,80 @@ fn a_claim_from_a_worker_gone_for_longer_than_max_wait_is_ignored() {
     a.arrive(&store, T0 + 1, 0, 3, Class::Critical);
     b.arrive(&store, T0 + 2, 0, 4, Class::Critical);
     b.release(&store, 0);
+    // Until the claim's TTL is over, b leaves the slot to a's waiter...
     assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
-    // Within max_wait (500 ms) and the grace, b still leaves the slot; after, b takes it.
+    assert_eq!(b.wake(&store, T0 + 1 + CLAIM_TTL_MS, 0), vec![]);
+    // ...then takes it.
     assert_eq!(
-        b.wake(&store, T0 + 1 + 500 + CLAIM_GRACE_MS, 0),
-        vec![Wake::Shed {
-            waiter: Waiter {
-                id: 4,
-                class: Class::Critical,
-                since_ms: T0 + 2
-            }
+        b.wake(&store, T0 + 2 + CLAIM_TTL_MS, 0),
+        vec![Wake::Resume {
+            id: 4,
+            waited_ms: CLAIM_TTL_MS,
+            slot: true
         }]
     );
-    b.arrive(&store, T0 + 560, 0, 5, Class::Critical);
+    assert_eq!(shared(&store).claims, vec![]);
+}
+
+#[test]
+fn a_live_worker_keeps_its_claim_alive_and_a_claim_dated_ahead_is_dead() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        b.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    a.arrive(&store, T0 + 1, 0, 3, Class::Critical);
+    b.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    // a polls every millisecond while it waits: its claim is rewritten
+    // every CLAIM_REFRESH_MS, not on every poll.
+    let sets = store.sets.get();
+    for t in 2..=200 {
+        assert_eq!(a.wake(&store, T0 + t, 0), vec![]);
+    }
+    let writes = store.sets.get() - sets;
+    assert!((19..=21).contains(&writes), "{writes} writes");
+    b.release(&store, 0);
+    assert_eq!(b.wake(&store, T0 + 200, 0), vec![]);
     assert!(matches!(
-        b.wake(&store, T0 + 561, 0).as_slice(),
-        [Wake::Resume { id: 5, .. }]
+        a.wake(&store, T0 + 201, 0).as_slice(),
+        [Wake::Resume { id: 3, .. }]
     ));
+    // A claim written with a clock far ahead (or by someone hostile) is
+    // not honoured either.
+    let mut v = shared(&store);
+    v.claims = vec![Claim {
+        class: Class::Critical,
+        since_ms: 0,
+        worker: 7,
+        seen_ms: T0 + 10_000,
+    }];
+    store.raw_set(&b.rules[0].inflight_key, &encode_shared(&v));
+    b.release(&store, 0);
+    assert!(matches!(
+        b.wake(&store, T0 + 202, 0).as_slice(),
+        [Wake::Resume { id: 4, .. }]
+    ));
+}
+
+#[test]
+fn a_refused_waiter_whose_claim_cannot_be_written_stays_queued() {
+    let (mut a, store) = shedders(QUEUE);
+    for id in 1..=2 {
+        a.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    a.arrive(&store, T0, 0, 3, Class::Critical);
+    // Its claim is due to be rewritten, and every write conflicts (another
+    // writer each time): the waiter stays queued, not let in without a
+    // slot as it would be when the store fails.
+    *store.before_set.borrow_mut() = Some(Box::new(|s: &MemoryStore, key: &str| {
+        let bytes = s.map.borrow().get(key).map(|(b, _)| b.clone());
+        if let Some(b) = bytes {
+            s.raw_set(key, &b);
+        }
+    }));
+    assert_eq!(a.wake(&store, T0 + CLAIM_REFRESH_MS, 0), vec![]);
+    *store.before_set.borrow_mut() = None;
+    assert_eq!((a.queued(0), counters(&store)), (1, (2, 1)));
 }
 
 #[test]
@@ -354,6 +411,7 @@ fn the_shared_entry_round_trips_and_rejects_what_does_not_decode() {
         class,
         since_ms: T0,
         worker,
+        seen_ms: T0 + 5,
     };
     let v = Shared {
         inflight: 7,
@@ -483,6 +541,10 @@ struct Sim {
     views: Vec<Rc<dyn Store>>,
     held: Vec<(usize, u32)>,
     queued: Vec<(usize, u32)>,
+    /// The latest time the test drove any worker at.
+    now: u64,
+    /// When each worker was last driven.
+    driven: [u64; 3],
 }
 
 impl Sim {
@@ -498,10 +560,14 @@ impl Sim {
             views,
             held: Vec::new(),
             queued: Vec::new(),
+            now: T0,
+            driven: [T0; 3],
         }
     }
 
     fn arrive(&mut self, w: usize, now: u64, id: u32, class: Class) {
+        self.now = now;
+        self.driven[w] = now;
         match self.workers[w].arrive(&*self.views[w], now, 0, id, class) {
             Arrival::Admit { slot: true } => self.held.push((w, id)),
             Arrival::Queue { evicted } => {
@@ -516,15 +582,19 @@ impl Sim {
 
     fn release(&mut self, i: usize) {
         let (hw, _) = self.held.remove(i);
+        self.driven[hw] = self.now;
         self.workers[hw].release(&*self.views[hw], 0);
     }
 
     fn cancel(&mut self, i: usize) {
         let (qw, qid) = self.queued.remove(i);
+        self.driven[qw] = self.now;
         assert!(self.workers[qw].cancel(&*self.views[qw], 0, qid));
     }
 
     fn wake(&mut self, w: usize, now: u64) {
+        self.now = now;
+        self.driven[w] = now;
         for wake in self.workers[w].wake(&*self.views[w], now, 0) {
             match wake {
                 Wake::Resume { id, slot, .. } => {
@@ -575,19 +645,31 @@ fn slots_are_conserved(remembering: bool) -> u32 {
             (sim.held.len() as u64, sim.queued.len() as u64)
         );
         assert_eq!(sim.leased(), 0); // a limit of 2: no leases
-                                     // Each worker's claim is its best waiter (while that one is live).
+                                     // Each worker's claim is its best waiter, while the worker is
+                                     // driven often enough for its claim to live.
         let shared = shared(&sim.store);
-        for w in &sim.workers {
+        for (w, last) in sim.workers.iter().zip(sim.driven) {
             let mine: Vec<_> = shared
                 .claims
                 .iter()
                 .filter(|c| c.worker == w.worker)
                 .collect();
             match w.heads(0).0 {
-                Some(h) if h.since_ms + 500 + CLAIM_GRACE_MS >= now => assert_eq!(mine, [&h]),
-                Some(_) => assert!(mine.len() <= 1),
+                Some(h) if last + CLAIM_TTL_MS - CLAIM_REFRESH_MS > now => {
+                    assert!(matches!(mine.as_slice(), [c] if c.same(&h)))
+                }
+                Some(h) => assert!(mine.iter().all(|c| c.same(&h))),
                 None => assert!(mine.is_empty()),
             }
+        }
+        // No slot is left free while someone waits once every worker polls.
+        if id % 50 == 0 {
+            for _ in 0..3 {
+                for w in 0..3 {
+                    sim.wake(w, now);
+                }
+            }
+            assert!(sim.held.len() == 2 || sim.queued.is_empty());
         }
         assert!(sim.held.len() <= 2);
         assert!(sim.workers.iter().all(|x| x.queued(0) <= 3));
