@@ -427,7 +427,9 @@ impl Shedders {
             // due again (so that a refusal need not write every time).
             let ours = |m: Claim| {
                 let fresh = |c: &&Claim| {
-                    c.same(&m) && c.seen_ms <= now && c.seen_ms + CLAIM_REFRESH_MS > now
+                    c.same(&m)
+                        && c.seen_ms <= now
+                        && c.seen_ms.saturating_add(CLAIM_REFRESH_MS) > now
                 };
                 let seen_ms = old.claims.iter().find(fresh).map_or(now, |c| c.seen_ms);
                 Claim { seen_ms, ..m }

@@ -373,7 +373,7 @@ fn a_live_worker_keeps_its_claim_alive_and_a_claim_dated_ahead_is_dead() {
     v.claims = vec![Claim {
         class: Class::Critical,
         since_ms: 0,
-        worker: 7,
+        worker: u32::MAX, // no test worker's tag
         seen_ms: T0 + 10_000,
     }];
     store.raw_set(&b.rules[0].inflight_key, &encode_shared(&v));
