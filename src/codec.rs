@@ -15,9 +15,27 @@ pub struct Slot {
     pub tat: u128,
 }
 
-/// Why bytes were not a slot.
+/// Why bytes were not what they should be (a slot, a breaker state...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt;
+
+/// Reads little-endian fields in order from encoded bytes (the breaker
+/// states' and shedder entries' codecs).
+pub(crate) struct Reader<'a>(pub &'a [u8]);
+
+impl Reader<'_> {
+    pub fn take<const N: usize>(&mut self) -> Result<[u8; N], Corrupt> {
+        let (head, rest) = self.0.split_at_checked(N).ok_or(Corrupt)?;
+        self.0 = rest;
+        head.try_into().map_err(|_| Corrupt)
+    }
+    pub fn u32(&mut self) -> Result<u32, Corrupt> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+    pub fn u64(&mut self) -> Result<u64, Corrupt> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+}
 
 const VERSION: u8 = 2;
 /// Encoded size of a slot.

@@ -3,10 +3,7 @@
 //! corrupt and never trusted.
 
 use super::{Phase, State, BUCKETS};
-
-/// Why bytes were not a breaker state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Corrupt;
+use crate::codec::{Corrupt, Reader};
 
 const VERSION: u8 = 2;
 const BODY: usize = 1 + 1 + 4 + 8 + 4 + 4 + 8 + 4 + 4 + 8 + BUCKETS * 8;
@@ -41,22 +38,6 @@ pub fn encode(s: &State) -> Vec<u8> {
     let c = check(&out);
     out.extend_from_slice(&c.to_le_bytes());
     out
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], Corrupt> {
-        let (head, rest) = self.0.split_at_checked(N).ok_or(Corrupt)?;
-        self.0 = rest;
-        head.try_into().map_err(|_| Corrupt)
-    }
-    fn u32(&mut self) -> Result<u32, Corrupt> {
-        self.take::<4>().map(u32::from_le_bytes)
-    }
-    fn u64(&mut self) -> Result<u64, Corrupt> {
-        self.take::<8>().map(u64::from_le_bytes)
-    }
 }
 
 /// Decodes bytes written by `encode`.

@@ -18,6 +18,7 @@ pub mod config;
 #[cfg(test)]
 mod tests;
 
+use crate::codec::Reader;
 use crate::config::{check_state_id, Config, ConfigError};
 use crate::request::RequestView;
 use crate::siphash::SipHasher13;
@@ -170,23 +171,21 @@ fn encode_shared(v: &Shared) -> Vec<u8> {
 }
 
 fn decode_shared(bytes: &[u8]) -> Option<Shared> {
-    let u64_at = |i: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(bytes.get(i..i + 8)?.try_into().ok()?))
-    };
-    let rest = bytes.get(16..)?;
-    if rest.len() % CLAIM_LEN != 0 || rest.len() / CLAIM_LEN > MAX_CLAIMS {
+    let mut r = Reader(bytes);
+    let (inflight, waiting) = (r.u64().ok()?, r.u64().ok()?);
+    if r.0.len() % CLAIM_LEN != 0 || r.0.len() / CLAIM_LEN > MAX_CLAIMS {
         return None;
     }
-    let mut claims = Vec::with_capacity(rest.len() / CLAIM_LEN);
-    for c in rest.chunks_exact(CLAIM_LEN) {
-        let class = [Class::Sheddable, Class::Default, Class::Critical]
-            .get(usize::from(*c.first()?))
-            .copied()?;
+    let mut claims = Vec::with_capacity(r.0.len() / CLAIM_LEN);
+    while !r.0.is_empty() {
+        let [class] = r.take::<1>().ok()?;
         claims.push(Claim {
-            class,
-            since_ms: u64::from_le_bytes(c.get(1..9)?.try_into().ok()?),
-            worker: u32::from_le_bytes(c.get(9..13)?.try_into().ok()?),
-            seen_ms: u64::from_le_bytes(c.get(13..21)?.try_into().ok()?),
+            class: [Class::Sheddable, Class::Default, Class::Critical]
+                .get(usize::from(class))
+                .copied()?,
+            since_ms: r.u64().ok()?,
+            worker: r.u32().ok()?,
+            seen_ms: r.u64().ok()?,
         });
     }
     // Written sorted: anything else is not ours.
@@ -197,8 +196,8 @@ fn decode_shared(bytes: &[u8]) -> Option<Shared> {
         return None;
     }
     Some(Shared {
-        inflight: u64_at(0)?,
-        waiting: u64_at(8)?,
+        inflight,
+        waiting,
         claims,
     })
 }
