@@ -259,14 +259,15 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
     assert_eq!(a.queued(0), 1);
 }
 
-#[test]
-fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
+/// Two workers a and b over one store (`QUEUE`, 2 slots): b holds both
+/// slots (critical requests 1 and 2, at T0); a's critical request 3 waits
+/// since T0 + 1, then b's critical request 4 since T0 + 2.
+fn two_workers_waiting() -> (Shedders, Shedders, MemoryStore) {
     let (mut a, store) = shedders(QUEUE);
     let (mut b, _) = shedders(QUEUE);
     for id in 1..=2 {
         b.arrive(&store, T0, 0, id, Class::Critical);
     }
-    // a's waiter comes first, then one on b.
     assert_eq!(
         a.arrive(&store, T0 + 1, 0, 3, Class::Critical),
         Arrival::Queue { evicted: None }
@@ -275,6 +276,12 @@ fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
         b.arrive(&store, T0 + 2, 0, 4, Class::Critical),
         Arrival::Queue { evicted: None }
     );
+    (a, b, store)
+}
+
+#[test]
+fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
+    let (mut a, mut b, store) = two_workers_waiting();
     // b's request ends: b does not hand the slot to its own, younger waiter...
     b.release(&store, 0);
     assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
@@ -320,14 +327,9 @@ fn a_higher_class_waiting_on_another_worker_goes_first() {
 
 #[test]
 fn a_claim_its_worker_stopped_rewriting_is_ignored_after_its_ttl() {
-    let (mut a, store) = shedders(QUEUE);
-    let (mut b, _) = shedders(QUEUE);
-    for id in 1..=2 {
-        b.arrive(&store, T0, 0, id, Class::Critical);
-    }
-    // a claims, then is never heard of again (its VM is gone).
-    a.arrive(&store, T0 + 1, 0, 3, Class::Critical);
-    b.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    let (a, mut b, store) = two_workers_waiting();
+    // a is never heard of again (its VM is gone).
+    drop(a);
     b.release(&store, 0);
     // Until the claim's TTL is over, b leaves the slot to a's waiter...
     assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
@@ -346,13 +348,7 @@ fn a_claim_its_worker_stopped_rewriting_is_ignored_after_its_ttl() {
 
 #[test]
 fn a_live_worker_keeps_its_claim_alive_and_a_claim_dated_ahead_is_dead() {
-    let (mut a, store) = shedders(QUEUE);
-    let (mut b, _) = shedders(QUEUE);
-    for id in 1..=2 {
-        b.arrive(&store, T0, 0, id, Class::Critical);
-    }
-    a.arrive(&store, T0 + 1, 0, 3, Class::Critical);
-    b.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    let (mut a, mut b, store) = two_workers_waiting();
     // a polls every millisecond while it waits: its claim is rewritten
     // every CLAIM_REFRESH_MS, not on every poll.
     let sets = store.sets.get();
