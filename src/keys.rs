@@ -8,10 +8,21 @@
 //! the README: a count-min sketch with conservative update); a key with no
 //! variable part is one bucket and uses one slot.
 
-use crate::config::{header_name, MissingKey};
+use crate::config::fields::header_name;
+use crate::hash::Keyed;
 use crate::request::{strip_port, strip_query, Attribute, RequestView};
-use crate::siphash::SipHasher13;
 use serde::Deserialize;
+
+/// What a rule does when a key part is missing from the request.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingKey {
+    /// The rule does not apply to the request (as Envoy's descriptors do).
+    #[default]
+    Skip,
+    /// All requests missing that part share one bucket, distinct from any value.
+    Shared,
+}
 
 /// One part of a caller key.
 #[derive(Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -36,7 +47,7 @@ pub enum KeyPart {
 }
 
 impl KeyPart {
-    /// Checks the part and normalises header names to lower case.
+    /// Checks the part: a header part must name a valid header.
     pub fn validate(&self) -> Result<(), String> {
         match self {
             KeyPart::Header(name) => header_name("", name).map(|_| ()).map_err(|e| e.problem),
@@ -50,6 +61,16 @@ impl KeyPart {
             KeyPart::Header(name) => KeyPart::Header(name.to_ascii_lowercase()),
             other => other,
         }
+    }
+
+    /// A stable encoding of the part (its kind and its name or value), for
+    /// state ids.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![self.tag()];
+        if let KeyPart::Header(v) | KeyPart::Constant(v) = self {
+            out.extend_from_slice(v.as_bytes());
+        }
+        out
     }
 
     fn is_variable(&self) -> bool {
@@ -123,13 +144,13 @@ pub fn place(
     table_size: u32,
     req: &dyn RequestView,
 ) -> Option<Placement> {
-    let mut h = SipHasher13::new(seed.0, seed.1);
+    let mut h = Keyed::new(seed);
     for part in parts {
         h.write(&[part.tag()]);
         match part.read(req) {
             Some(value) => {
                 h.write(&[1]);
-                h.write_field(&value);
+                h.field(&value);
             }
             None => match on_missing {
                 MissingKey::Skip => return None,

@@ -1,9 +1,26 @@
-//! sluice: a proxy-wasm filter for Envoy that rate-limits with token buckets
-//! kept in shared data, exact across worker threads.
+//! sluice: a proxy-wasm filter for Envoy that keeps services standing under
+//! pressure: rate limits with token buckets kept in shared data (exact
+//! across worker threads), circuit breakers on upstream error rates, and
+//! load shedding by queue latency.
 //!
 //! Everything but `host` is the pure core: no proxy-wasm, time and
-//! randomness passed in, decisions returned as values. `host` is the thin
-//! adapter compiled only for `wasm32-wasip1`.
+//! randomness passed in, decisions returned as values. The map:
+//!
+//! - [`pipeline`]: one request's way through the mechanisms, in order, and
+//!   the per-stream state from arrival to the stream's end; the seam
+//!   ([`pipeline::Stage`]) every mechanism plugs into.
+//! - one folder per mechanism, each with the same roles: `mod.rs` (the
+//!   mechanism), `config.rs` (its JSON and validation), `codec.rs` (its
+//!   shared-data bytes), `reply.rs` (what a refused client sees),
+//!   `stage.rs` (its [`pipeline::Stage`]): [`ratelimit`], [`breaker`],
+//!   [`shed`].
+//! - [`config`]: the whole configuration; [`config::fields`] holds the
+//!   validators every mechanism shares.
+//! - [`store`]: shared data as a compare-and-swap store, the layer that
+//!   remembers a worker's own writes, and an in-memory store for tests.
+//! - small shared pieces: [`keys`], [`request`], [`matcher`], [`reply`],
+//!   [`codec`], [`hash`], [`duration`], [`rng`].
+//! - `host` (wasm32-wasip1 only): the proxy-wasm adapter, glue only.
 
 #![cfg_attr(
     not(test),
@@ -16,27 +33,19 @@
 )]
 
 pub mod breaker;
-pub mod bucket;
 pub mod codec;
 pub mod config;
 pub mod duration;
-pub mod fastmap;
+pub mod hash;
 pub mod keys;
-pub mod limiter;
 pub mod matcher;
+pub mod pipeline;
+pub mod ratelimit;
+pub mod reply;
 pub mod request;
-pub mod response;
 pub mod rng;
 pub mod shed;
-pub mod siphash;
 pub mod store;
-
-#[cfg(test)]
-mod config_tests;
-#[cfg(test)]
-mod limiter_tests;
-#[cfg(test)]
-mod store_tests;
 
 #[cfg(target_os = "wasi")]
 mod host;

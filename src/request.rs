@@ -1,4 +1,4 @@
-//! What the core may ask of a request. The host adapter implements it over
+//! What the core may ask of a request and of its response. The host adapter implements it over
 //! proxy-wasm calls; tests implement it over a map. Values are raw bytes:
 //! header values need not be UTF-8.
 
@@ -20,6 +20,18 @@ pub trait RequestView {
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     /// A request attribute, or `None` when the host does not know it.
     fn attribute(&self, attr: Attribute) -> Option<Vec<u8>>;
+}
+
+/// Read access to the current response's headers (for stages that watch
+/// the upstream's answer).
+pub trait ResponseView {
+    /// The `:status`, if it parses.
+    fn status(&self) -> Option<u32>;
+    /// Envoy's `response.code_details` (why Envoy answered as it did: an
+    /// upstream answer, or one of Envoy's or a filter's local replies).
+    fn code_details(&self) -> Option<Vec<u8>>;
+    /// The first value of a response header (lower-case name).
+    fn header(&self, name: &str) -> Option<Vec<u8>>;
 }
 
 /// The path without its query string or fragment.

@@ -1,18 +1,12 @@
-//! The bytes of one breaker key's state in shared data: version `1`, the
+//! The bytes of one breaker key's state in shared data: version `2`, the
 //! fields in order (little-endian), a 32-bit FNV-1a check. Anything else is
 //! corrupt and never trusted.
 
 use super::{Phase, State, BUCKETS};
-use crate::codec::{Corrupt, Reader};
+use crate::codec::{check, checked_body, Corrupt, Reader};
 
 const VERSION: u8 = 2;
 const BODY: usize = 1 + 1 + 4 + 8 + 4 + 4 + 8 + 4 + 4 + 8 + BUCKETS * 8;
-
-fn check(body: &[u8]) -> u32 {
-    body.iter().fold(0x811c_9dc5u32, |h, &b| {
-        (h ^ b as u32).wrapping_mul(0x0100_0193)
-    })
-}
 
 /// Encodes a state.
 pub fn encode(s: &State) -> Vec<u8> {
@@ -42,12 +36,7 @@ pub fn encode(s: &State) -> Vec<u8> {
 
 /// Decodes bytes written by `encode`.
 pub fn decode(bytes: &[u8]) -> Result<State, Corrupt> {
-    let (body, c) = bytes.split_at_checked(BODY).ok_or(Corrupt)?;
-    let c: [u8; 4] = c.try_into().map_err(|_| Corrupt)?;
-    if u32::from_le_bytes(c) != check(body) {
-        return Err(Corrupt);
-    }
-    let mut r = Reader(body);
+    let mut r = Reader(checked_body(bytes, BODY)?);
     if r.take::<1>()? != [VERSION] {
         return Err(Corrupt);
     }

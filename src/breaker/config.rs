@@ -1,12 +1,20 @@
 //! Breaker settings: the JSON under `circuit_breakers[i]` and its validated
 //! form. Errors name the field by its JSON path, like the rate limits'.
 
-use super::runtime::Outcome;
-use crate::config::{
-    check_name, err, header_name, millis, positive, raw::RawMatch, validate_match, ConfigError,
+use crate::config::fields::{
+    check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
+
+/// How the upstream answered a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// No verdict on the upstream (refused by another mechanism, client gone).
+    Ignored,
+}
 
 /// What identifies the protected dependency.
 #[derive(Deserialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -192,43 +200,18 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
         BreakerKey::Header(h) => BreakerKey::Header(header_name(&format!("{at}.key.header"), &h)?),
         k => k,
     };
-    let rate = raw.error_rate.unwrap_or(0.5);
-    if !(rate > 0.0 && rate <= 1.0) {
-        return Err(err(
-            format!("{at}.error_rate"),
-            format!("must be in (0, 1], got {rate}"),
-        ));
-    }
-    let open = raw.open.unwrap_or(RawOpen {
-        base: None,
-        max: None,
-        multiplier: None,
-    });
-    let open_base_ms = millis(format!("{at}.open.base"), open.base, "5s")?;
-    let open_max_ms = millis(format!("{at}.open.max"), open.max, "60s")?;
-    if open_max_ms < open_base_ms {
-        return Err(err(
-            format!("{at}.open.max"),
-            "must not be shorter than open.base",
-        ));
-    }
+    let (open_base_ms, open_max_ms, open_multiplier) = open_periods(at, raw.open)?;
     let half = raw.half_open.unwrap_or(RawHalfOpen {
         probes: None,
         successes_to_close: None,
         probe_timeout: None,
     });
-    let status = raw.status.unwrap_or(503);
-    if !(400..=599).contains(&status) {
-        return Err(err(
-            format!("{at}.status"),
-            format!("must be between 400 and 599, got {status}"),
-        ));
-    }
+    let consecutive = format!("{at}.consecutive_failures");
     Ok(BreakerSpec {
         matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
         key,
         failure: failure(at, raw.failure)?,
-        error_rate_permille: (rate * 1000.0).round().max(1.0) as u32,
+        error_rate_permille: error_rate(at, raw.error_rate)?,
         window_ms: millis(format!("{at}.window"), raw.window, "10s")?,
         min_requests: count(
             format!("{at}.min_requests"),
@@ -236,18 +219,13 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
             20,
             1_000_000_000,
         )?,
-        consecutive_failures: match raw.consecutive_failures {
-            None => None,
-            Some(n) => Some(count(
-                format!("{at}.consecutive_failures"),
-                Some(n),
-                1,
-                1_000_000_000,
-            )?),
-        },
+        consecutive_failures: raw
+            .consecutive_failures
+            .map(|n| count(consecutive, Some(n), 1, 1_000_000_000))
+            .transpose()?,
         open_base_ms,
         open_max_ms,
-        open_multiplier: count(format!("{at}.open.multiplier"), open.multiplier, 2, 100)?,
+        open_multiplier,
         probes: count(format!("{at}.half_open.probes"), half.probes, 1, 10_000)?,
         successes_to_close: count(
             format!("{at}.half_open.successes_to_close"),
@@ -260,9 +238,40 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
             half.probe_timeout,
             "30s",
         )?,
-        status: status as u32,
+        status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
         failure_mode_deny: raw.failure_mode_deny,
         max_keys: count(format!("{at}.max_keys"), raw.max_keys, 100, 100_000)?,
         name: raw.name,
     })
+}
+
+/// The error rate that trips, in permille (at least 1).
+fn error_rate(at: &str, raw: Option<f64>) -> Result<u32, ConfigError> {
+    let rate = raw.unwrap_or(0.5);
+    if !(rate > 0.0 && rate <= 1.0) {
+        return Err(err(
+            format!("{at}.error_rate"),
+            format!("must be in (0, 1], got {rate}"),
+        ));
+    }
+    Ok((rate * 1000.0).round().max(1.0) as u32)
+}
+
+/// The open period's base, maximum (ms) and multiplier.
+fn open_periods(at: &str, raw: Option<RawOpen>) -> Result<(u64, u64, u32), ConfigError> {
+    let open = raw.unwrap_or(RawOpen {
+        base: None,
+        max: None,
+        multiplier: None,
+    });
+    let base = millis(format!("{at}.open.base"), open.base, "5s")?;
+    let max = millis(format!("{at}.open.max"), open.max, "60s")?;
+    if max < base {
+        return Err(err(
+            format!("{at}.open.max"),
+            "must not be shorter than open.base",
+        ));
+    }
+    let multiplier = count(format!("{at}.open.multiplier"), open.multiplier, 2, 100)?;
+    Ok((base, max, multiplier))
 }

@@ -4,7 +4,8 @@
 //! dependency). `State` is what lives in shared data; every transition is a
 //! method taking `now` and, where jitter is drawn, a random source, so every
 //! decision can be replayed in tests. `runtime` adds the per-VM cache and
-//! the compare-and-swap updates; `codec` the bytes; `config` the settings.
+//! the compare-and-swap updates; `codec` the bytes; `config` the settings;
+//! `reply` the answer of an open breaker; `stage` its place in the pipeline.
 //!
 //! Invariants (property-tested): the breaker never trips before
 //! `min_requests` requests are in the window; never more than `probes` probe
@@ -13,7 +14,9 @@
 
 pub mod codec;
 pub mod config;
+pub mod reply;
 pub mod runtime;
+pub mod stage;
 #[cfg(test)]
 mod tests;
 

@@ -9,12 +9,13 @@
 //! trip within `sync_ms` (20 ms) of it.
 
 use super::codec::{decode, encode};
+pub use super::config::Outcome;
 use super::{Admit, BreakerKey, BreakerSpec, State, Transition};
-use crate::config::{check_state_id, Config, ConfigError};
-use crate::fastmap::FastMap;
+use crate::config::fields::{check_state_id, StateId};
+use crate::config::{Config, ConfigError};
+use crate::hash::{FastMap, Keyed};
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
-use crate::siphash::SipHasher13;
 use crate::store::{update, Store, StoreError, Update};
 use std::rc::Rc;
 
@@ -52,15 +53,6 @@ pub enum Check {
     },
 }
 
-/// How the upstream answered a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    Failure,
-    /// No verdict on the upstream (refused by another mechanism, client gone).
-    Ignored,
-}
-
 /// A transition, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -87,11 +79,30 @@ pub struct Breakers {
     pub store_failures: u64,
 }
 
+/// The breaker's state id: its name, its key and every setting of its
+/// state machine (not its match, status or failure classification, which
+/// do not change what the shared state means).
 fn table_id(domain: &str, spec: &BreakerSpec) -> u32 {
-    let mut h = SipHasher13::new(0x6272_6561_6b65, 0x7273);
-    h.write_field(domain.as_bytes());
-    h.write_field(format!("{spec:?}").as_bytes());
-    h.finish() as u32
+    let key = match &spec.key {
+        BreakerKey::Cluster => "cluster".to_string(),
+        BreakerKey::Route => "route".to_string(),
+        BreakerKey::Header(h) => format!("header:{h}"),
+    };
+    StateId::new((0x6272_6561_6b65, 0x7273), domain)
+        .text(&spec.name)
+        .text(key)
+        .num(u64::from(spec.error_rate_permille))
+        .num(spec.window_ms)
+        .num(u64::from(spec.min_requests))
+        .num(spec.consecutive_failures.map_or(0, u64::from))
+        .num(spec.open_base_ms)
+        .num(spec.open_max_ms)
+        .num(u64::from(spec.open_multiplier))
+        .num(u64::from(spec.probes))
+        .num(u64::from(spec.successes_to_close))
+        .num(spec.probe_timeout_ms)
+        .num(u64::from(spec.max_keys))
+        .finish()
 }
 
 impl Breakers {
@@ -126,8 +137,8 @@ impl Breakers {
             BreakerKey::Route => req.attribute(Attribute::RouteName),
             BreakerKey::Header(h) => req.header(h),
         }?;
-        let mut h = SipHasher13::new(self.seed.0, self.seed.1);
-        h.write_field(&value);
+        let mut h = Keyed::new(self.seed);
+        h.field(&value);
         Some(h.finish())
     }
 

@@ -1,13 +1,15 @@
-//! The host adapter: the only code that calls proxy-wasm. It maps shared
-//! data, the clock, randomness, metrics and logs onto the core, and carries
-//! out the core's decisions. Hook bodies stay short on purpose.
+//! The host adapter: the only code that calls proxy-wasm. Glue only: each
+//! hook reads what the pipeline asks for, calls the pipeline, and carries
+//! out its answer (a local reply, a paused or resumed stream, response
+//! headers, a tick period, metric changes).
 
-mod http;
 mod metrics;
 mod plugin;
+mod reply;
 mod root;
-mod shedding;
 mod store;
+mod stream;
+mod views;
 
 use proxy_wasm::types::LogLevel;
 

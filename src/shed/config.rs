@@ -1,7 +1,7 @@
 //! Shedder settings: the JSON under `shedders[i]` and its validated form.
 
-use crate::config::{
-    check_name, err, header_name, millis, positive, raw::RawMatch, validate_match, ConfigError,
+use crate::config::fields::{
+    check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
@@ -125,10 +125,7 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         default: None,
         classes: Vec::new(),
     });
-    let priority_header = match priority.header {
-        Some(h) => Some(header_name(&format!("{at}.priority.header"), &h)?),
-        None => None,
-    };
+    let priority_header = optional_header(format!("{at}.priority.header"), priority.header)?;
     let mut classes = Vec::new();
     for (j, c) in priority.classes.into_iter().enumerate() {
         classes.push((
@@ -136,41 +133,10 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
             c.class,
         ));
     }
-    let concurrency = match raw.concurrency {
-        None => None,
-        Some(c) => {
-            let max = positive(format!("{at}.concurrency.max"), c.max)?;
-            let queue = c
-                .queue
-                .unwrap_or((max as i64).saturating_mul(4).min(100_000));
-            if !(0..=100_000).contains(&queue) {
-                return Err(err(
-                    format!("{at}.concurrency.queue"),
-                    "must be between 0 and 100000",
-                ));
-            }
-            Some(ConcurrencySpec {
-                max: max.min(u32::MAX as u64) as u32,
-                queue: queue as u32,
-                max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
-            })
-        }
-    };
-    let latency = raw.latency.unwrap_or(RawLatency {
-        floor_window: None,
-        queue_time_header: None,
-    });
     let target_ms = millis(format!("{at}.target"), raw.target, "5ms")?;
     let interval_ms = millis(format!("{at}.interval"), raw.interval, "100ms")?;
     if interval_ms <= target_ms {
         return Err(err(format!("{at}.interval"), "must be longer than target"));
-    }
-    let status = raw.status.unwrap_or(503);
-    if !(400..=599).contains(&status) {
-        return Err(err(
-            format!("{at}.status"),
-            format!("must be between 400 and 599, got {status}"),
-        ));
     }
     Ok(ShedderSpec {
         name: raw.name,
@@ -178,20 +144,50 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         priority_header,
         default_class: priority.default.unwrap_or(Class::Default),
         classes,
-        concurrency,
-        latency: LatencySpec {
-            floor_window_ms: millis(
-                format!("{at}.latency.floor_window"),
-                latency.floor_window,
-                "30s",
-            )?,
-            queue_time_header: match latency.queue_time_header {
-                Some(h) => Some(header_name(&format!("{at}.latency.queue_time_header"), &h)?),
-                None => None,
-            },
-        },
+        concurrency: raw.concurrency.map(|c| concurrency(at, c)).transpose()?,
+        latency: latency(at, raw.latency)?,
         target_ms,
         interval_ms,
-        status: status as u32,
+        status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
+    })
+}
+
+fn optional_header(field: String, raw: Option<String>) -> Result<Option<String>, ConfigError> {
+    raw.map(|h| header_name(&field, &h)).transpose()
+}
+
+fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigError> {
+    let max = positive(format!("{at}.concurrency.max"), c.max)?;
+    let queue = c
+        .queue
+        .unwrap_or((max as i64).saturating_mul(4).min(100_000));
+    if !(0..=100_000).contains(&queue) {
+        return Err(err(
+            format!("{at}.concurrency.queue"),
+            "must be between 0 and 100000",
+        ));
+    }
+    Ok(ConcurrencySpec {
+        max: max.min(u32::MAX as u64) as u32,
+        queue: queue as u32,
+        max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
+    })
+}
+
+fn latency(at: &str, raw: Option<RawLatency>) -> Result<LatencySpec, ConfigError> {
+    let raw = raw.unwrap_or(RawLatency {
+        floor_window: None,
+        queue_time_header: None,
+    });
+    Ok(LatencySpec {
+        floor_window_ms: millis(
+            format!("{at}.latency.floor_window"),
+            raw.floor_window,
+            "30s",
+        )?,
+        queue_time_header: optional_header(
+            format!("{at}.latency.queue_time_header"),
+            raw.queue_time_header,
+        )?,
     })
 }

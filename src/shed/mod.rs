@@ -1,7 +1,7 @@
 //! Load shedding by queue latency (CoDel), priority-aware, with an optional
 //! concurrency limit and admission queue (a bulkhead).
 //!
-//! Two ways to measure queueing delay (see the README for when to use which):
+//! Two ways to measure queueing delay (see docs/configuration.md for when to use which):
 //! 1. sluice's own queue: a global in-flight limit kept in shared data; a
 //!    request over it waits, paused in the filter, in a bounded per-worker
 //!    queue; the time it waited is the delay, measured exactly.
@@ -13,18 +13,24 @@
 //! admitted request; the queue never exceeds its bound and nobody waits past
 //! `max_wait`; higher classes are admitted first and shed last.
 
+mod codec;
 pub mod codel;
 pub mod config;
+mod entry;
+pub mod reply;
+pub mod stage;
 #[cfg(test)]
 mod tests;
 
-use crate::codec::Reader;
-use crate::config::{check_state_id, Config, ConfigError};
+use crate::config::fields::{check_state_id, StateId};
+use crate::config::{Config, ConfigError};
 use crate::request::RequestView;
-use crate::siphash::SipHasher13;
 use crate::store::{update, Store, StoreError, Update};
+use codec::{decode_shared, encode_shared, Claim, Shared};
 use codel::Codel;
 pub use config::{Class, ShedderSpec};
+pub use entry::lease_cap;
+use entry::{Applied, Change, Op};
 use std::collections::VecDeque;
 
 /// A queued request: the host's stream id, its class, when it arrived.
@@ -54,152 +60,6 @@ pub enum Wake {
     Resume { id: u32, waited_ms: u64, slot: bool },
     /// Answer it with a shed response.
     Shed { waiter: Waiter },
-}
-
-/// A change to the shared (in-flight, waiting) counter pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    /// Take a free slot on arrival (only if nobody waits anywhere).
-    Direct,
-    /// A request starts waiting.
-    Enqueue,
-    /// A waiter takes a free slot.
-    Admit,
-    /// A waiter leaves without a slot (shed, or its client went away).
-    Leave,
-    /// An admitted request ends.
-    Release,
-    /// A worker gives back `n` leased slots it did not use.
-    Return(u64),
-    /// A waiter replaced another (evicted): only the claim may change.
-    Requeue,
-}
-
-/// Slots a worker may keep leased for a concurrency limit of `max`: a
-/// thirty-second of it, at most 32; none below a limit of 64, where every
-/// request goes through the shared counter.
-pub fn lease_cap(max: u64) -> u64 {
-    let cap = (max / 32).min(32);
-    if cap >= 2 {
-        cap
-    } else {
-        0
-    }
-}
-
-/// A worker's most deserving waiter, announced in the shared entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Claim {
-    class: Class,
-    since_ms: u64,
-    /// The announcing worker's tag (random per worker VM).
-    worker: u32,
-    /// When its worker last wrote it: a claim not rewritten for
-    /// [`CLAIM_TTL_MS`] is dead (see `Shared`).
-    seen_ms: u64,
-}
-
-impl Claim {
-    /// Whether this waiter goes before `other`: a higher class, or the
-    /// same class and waiting since earlier.
-    fn before(&self, other: &Claim) -> bool {
-        self.class > other.class || (self.class == other.class && self.since_ms < other.since_ms)
-    }
-
-    /// Whether both name the same waiter (whenever they were written).
-    fn same(&self, other: &Claim) -> bool {
-        (self.class, self.since_ms, self.worker) == (other.class, other.since_ms, other.worker)
-    }
-
-    /// The order claims are kept in: best first, then by worker.
-    fn order(&self, other: &Claim) -> std::cmp::Ordering {
-        other
-            .class
-            .cmp(&self.class)
-            .then(self.since_ms.cmp(&other.since_ms))
-            .then(self.worker.cmp(&other.worker))
-    }
-}
-
-/// A queue-mode shedder's shared entry: slots in flight, requests waiting
-/// on all workers, and each waiting worker's best waiter (its claim).
-///
-/// The claims keep the queue global across workers: a worker may admit
-/// its own waiter only if no other worker claims one that goes before it.
-/// Without them, a worker whose requests end would hand their slots to
-/// its own waiters forever while another worker's waited out `max_wait`.
-/// Every change a worker makes to the entry also sets its own claim to
-/// its best waiter after the change (none once its queue is empty), so
-/// the claims follow the queues (unless a write fails: then until the
-/// worker's next write). A worker with waiters polls every millisecond
-/// and rewrites its claim at least every [`CLAIM_REFRESH_MS`]; a claim
-/// not rewritten for [`CLAIM_TTL_MS`] (or dated that far ahead) is
-/// ignored and dropped, so a worker that stops (its VM gone, or stalled)
-/// holds the others back for that long at most. At most [`MAX_CLAIMS`]
-/// are kept, the best ones: a worker left out has only waiters that go
-/// after all of them, which none of those workers lets in early.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Shared {
-    inflight: u64,
-    waiting: u64,
-    /// Sorted by `Claim::order`, one per worker.
-    claims: Vec<Claim>,
-}
-
-/// A worker with waiters rewrites its claim at least this often...
-const CLAIM_REFRESH_MS: u64 = 10;
-/// ...and a claim not rewritten for this long is dead (see `Shared`).
-const CLAIM_TTL_MS: u64 = 50;
-
-/// Claims kept in a shared entry, at most (see `Shared`).
-const MAX_CLAIMS: usize = 64;
-
-/// Encoded size of one claim: class, since, worker, seen.
-const CLAIM_LEN: usize = 21;
-
-fn encode_shared(v: &Shared) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + CLAIM_LEN * v.claims.len());
-    out.extend_from_slice(&v.inflight.to_le_bytes());
-    out.extend_from_slice(&v.waiting.to_le_bytes());
-    for c in &v.claims {
-        out.push(c.class as u8);
-        out.extend_from_slice(&c.since_ms.to_le_bytes());
-        out.extend_from_slice(&c.worker.to_le_bytes());
-        out.extend_from_slice(&c.seen_ms.to_le_bytes());
-    }
-    out
-}
-
-fn decode_shared(bytes: &[u8]) -> Option<Shared> {
-    let mut r = Reader(bytes);
-    let (inflight, waiting) = (r.u64().ok()?, r.u64().ok()?);
-    if r.0.len() % CLAIM_LEN != 0 || r.0.len() / CLAIM_LEN > MAX_CLAIMS {
-        return None;
-    }
-    let mut claims = Vec::with_capacity(r.0.len() / CLAIM_LEN);
-    while !r.0.is_empty() {
-        let [class] = r.take::<1>().ok()?;
-        claims.push(Claim {
-            class: [Class::Sheddable, Class::Default, Class::Critical]
-                .get(usize::from(class))
-                .copied()?,
-            since_ms: r.u64().ok()?,
-            worker: r.u32().ok()?,
-            seen_ms: r.u64().ok()?,
-        });
-    }
-    // Written sorted: anything else is not ours.
-    if !claims
-        .windows(2)
-        .all(|w| matches!(w, [a, b] if a.order(b).is_lt()))
-    {
-        return None;
-    }
-    Some(Shared {
-        inflight,
-        waiting,
-        claims,
-    })
 }
 
 /// A shedder and its shared in-flight counter key.
@@ -243,12 +103,18 @@ pub struct Shedders {
     now_ms: u64,
 }
 
+/// The shedder's state id: its name and its concurrency settings.
 fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
-    let mut h = SipHasher13::new(0x7368_6564, 0x646572);
-    h.write_field(domain.as_bytes());
-    h.write_field(spec.name.as_bytes());
-    h.write_field(format!("{:?}", spec.concurrency).as_bytes());
-    h.finish() as u32
+    let id = StateId::new((0x7368_6564, 0x646572), domain).text(&spec.name);
+    match &spec.concurrency {
+        None => id.num(0),
+        Some(c) => id
+            .num(1)
+            .num(u64::from(c.max))
+            .num(u64::from(c.queue))
+            .num(c.max_wait_ms),
+    }
+    .finish()
 }
 
 impl Shedders {
@@ -390,19 +256,18 @@ impl Shedders {
         let Some(rule) = self.rules.get(s) else {
             return Ok(false);
         };
-        let max = self.limit(s).unwrap_or(u32::MAX as u64);
         let key = rule.inflight_key.clone();
-        let lease = self.local.get(s).map_or(0, |l| l.lease);
         // This worker's best waiter now, and once the op is done.
         let (head, second) = self.heads(s);
-        let head_after = if op == Op::Admit { second } else { head };
-        let (me, now) = (self.worker, self.now_ms);
-        // Arrivals and wakes come with the time; releases, cancels and
-        // returned leases do not (reading the clock costs), so `now` may be
-        // old then: those ops leave the other workers' claims as they are.
-        // (Our own claim is exact either way: a worker with waiters polls
-        // every millisecond, so its `now` is fresh.)
-        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
+        let change = Change {
+            op,
+            max: self.limit(s).unwrap_or(u32::MAX as u64),
+            lease: self.local.get(s).map_or(0, |l| l.lease),
+            head,
+            head_after: if op == Op::Admit { second } else { head },
+            me: self.worker,
+            now: self.now_ms,
+        };
         let failures = &mut self.store_failures;
         // Whether the last decision was a refusal that only wrote claims.
         let mut refusal = false;
@@ -414,83 +279,15 @@ impl Shedders {
                 }),
                 None => Shared::default(),
             };
-            let (inflight, waiting) = (old.inflight, old.waiting);
-            // Other workers' live claims, best first.
-            let live = |c: &&Claim| {
-                c.worker != me
-                    && c.seen_ms.saturating_add(CLAIM_TTL_MS) >= now
-                    && c.seen_ms <= now.saturating_add(CLAIM_TTL_MS)
-            };
-            let first = old.claims.iter().find(live).copied();
-            // Our claim, with the time it was last written unless that is
-            // due again (so that a refusal need not write every time).
-            let ours = |m: Claim| {
-                let fresh = |c: &&Claim| {
-                    c.same(&m)
-                        && c.seen_ms <= now
-                        && c.seen_ms.saturating_add(CLAIM_REFRESH_MS) > now
-                };
-                let seen_ms = old.claims.iter().find(fresh).map_or(now, |c| c.seen_ms);
-                Claim { seen_ms, ..m }
-            };
-            // The entry after an op: the other live claims, and ours.
-            let write = |inflight: u64, waiting: u64, mine: Option<Claim>| {
-                let mut claims = Vec::new();
-                if waiting > 0 {
-                    // Kept sorted: the others' stay in order, ours goes in its place.
-                    let others = |c: &&Claim| if timely { live(c) } else { c.worker != me };
-                    claims.extend(old.claims.iter().filter(others).copied());
-                    if let Some(m) = mine.map(ours) {
-                        let at = claims.partition_point(|c| c.order(&m).is_lt());
-                        claims.insert(at, m);
-                    }
-                    claims.truncate(MAX_CLAIMS);
-                }
-                Shared {
-                    inflight,
-                    waiting,
-                    claims,
-                }
-            };
             refusal = false;
-            let (next, granted) = match op {
-                // A new request may take a free slot only if nobody waits
-                // on any worker: the queue is global in effect.
-                Op::Direct if inflight >= max || waiting > 0 => return Update::Keep(None),
-                Op::Direct => {
-                    // A direct admission also tops up this worker's lease while
-                    // the counter is well under the limit (three quarters) and
-                    // nobody waits.
-                    let want = lease_cap(max).saturating_sub(lease);
-                    let calm = want > 0 && inflight + 1 + want <= max - max / 4;
-                    let granted = if calm { want } else { 0 };
-                    (write(inflight + 1 + granted, waiting, head), Some(granted))
+            match change.apply(&old) {
+                Applied::Keep => Update::Keep(None),
+                Applied::Refused(next) => {
+                    refusal = true;
+                    Update::Write(encode_shared(&next), None)
                 }
-                Op::Enqueue => (write(inflight, waiting + 1, head), Some(0)),
-                Op::Admit => match head {
-                    None => return Update::Keep(None),
-                    // No free slot, or another worker's waiter goes first
-                    // (the slot is left to it): refused. Our claim is
-                    // rewritten when due, or mended after a failed write.
-                    Some(w) if inflight >= max || first.is_some_and(|t| t.before(&w)) => {
-                        let next = write(inflight, waiting, head);
-                        if next == old {
-                            return Update::Keep(None);
-                        }
-                        refusal = true;
-                        (next, None)
-                    }
-                    Some(_) => (
-                        write(inflight + 1, waiting.saturating_sub(1), head_after),
-                        Some(0),
-                    ),
-                },
-                Op::Leave => (write(inflight, waiting.saturating_sub(1), head), Some(0)),
-                Op::Release => (write(inflight.saturating_sub(1), waiting, head), Some(0)),
-                Op::Return(n) => (write(inflight.saturating_sub(n), waiting, head), Some(0)),
-                Op::Requeue => (write(inflight, waiting, head), Some(0)),
-            };
-            Update::Write(encode_shared(&next), granted)
+                Applied::Done(next, granted) => Update::Write(encode_shared(&next), Some(granted)),
+            }
         });
         let granted = match granted {
             // A refusal whose claim could not be written is still a
@@ -585,25 +382,50 @@ impl Shedders {
                 .sum::<usize>()
         });
         if ahead == 0 {
-            if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
-                l.lease -= 1;
-                self.observe(s, now_ms, 0);
-                return Arrival::Admit { slot: true };
-            }
-            match self.try_op(store, s, Op::Direct) {
-                Some(true) => {
-                    self.observe(s, now_ms, 0);
-                    return Arrival::Admit { slot: true };
-                }
-                None => return Arrival::Admit { slot: false },
-                Some(false) => {}
+            if let Some(admitted) = self.admit_at_once(store, now_ms, s) {
+                return admitted;
             }
         }
+        let waiter = Waiter {
+            id,
+            class,
+            since_ms: now_ms,
+        };
+        self.enqueue(store, s, waiter, &conc)
+    }
+
+    /// Admits an arrival from this worker's lease or a free shared slot;
+    /// `None` when there is none (the arrival then queues).
+    fn admit_at_once(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Option<Arrival> {
+        if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
+            l.lease -= 1;
+            self.observe(s, now_ms, 0);
+            return Some(Arrival::Admit { slot: true });
+        }
+        match self.try_op(store, s, Op::Direct) {
+            Some(true) => {
+                self.observe(s, now_ms, 0);
+                Some(Arrival::Admit { slot: true })
+            }
+            None => Some(Arrival::Admit { slot: false }),
+            Some(false) => None,
+        }
+    }
+
+    /// Queues a waiter, or sheds it (or, when the queue is full, the newest
+    /// waiter of a lower class to make room).
+    fn enqueue(
+        &mut self,
+        store: &dyn Store,
+        s: usize,
+        w: Waiter,
+        conc: &config::ConcurrencySpec,
+    ) -> Arrival {
         let Some(l) = self.local.get_mut(s) else {
             return Arrival::Shed;
         };
-        if l.codel.threshold(class) == Some(0) || conc.queue == 0 {
-            l.codel.shed(now_ms);
+        if l.codel.threshold(w.class) == Some(0) || conc.queue == 0 {
+            l.codel.shed(w.since_ms);
             return Arrival::Shed;
         }
         let mut evicted = None;
@@ -612,21 +434,17 @@ impl Shedders {
             let victim = l
                 .queues
                 .iter_mut()
-                .take(class as usize)
+                .take(w.class as usize)
                 .find(|q| !q.is_empty());
             let popped = victim.and_then(VecDeque::pop_back);
-            l.codel.shed(now_ms);
+            l.codel.shed(w.since_ms);
             match popped {
-                Some(w) => evicted = Some(w),
+                Some(v) => evicted = Some(v),
                 None => return Arrival::Shed,
             }
         }
-        if let Some(q) = l.queues.get_mut(class as usize) {
-            q.push_back(Waiter {
-                id,
-                class,
-                since_ms: now_ms,
-            });
+        if let Some(q) = l.queues.get_mut(w.class as usize) {
+            q.push_back(w);
         }
         // An eviction leaves the count as it is; either way the new
         // waiter may now be this worker's best (its claim).

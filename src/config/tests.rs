@@ -1,8 +1,9 @@
 //! Configuration validation: good configurations parse to the documented
 //! defaults, and each bad one is refused with its field and problem.
 
-use crate::config::{parse, HeaderStyle, MissingKey};
+use crate::config::{parse, HeaderStyle};
 use crate::keys::KeyPart;
+use crate::keys::MissingKey;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -187,11 +188,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
 fn a_state_id_taken_by_an_earlier_item_is_refused_naming_both() {
     let earlier = [("sl00000001/", "tenant"), ("sl00000002/", "global")];
     assert_eq!(
-        crate::config::check_state_id("rate_limits", 2, "sl00000002/", earlier),
+        crate::config::fields::check_state_id("rate_limits", 2, "sl00000002/", earlier),
         Err(crate::config::ConfigError {
             field: "rate_limits[2].name".into(),
             problem: "its state id collides with `global`'s; rename one of them".into(),
         })
     );
-    assert!(crate::config::check_state_id("shedders", 2, "sl00000003/", earlier).is_ok());
+    assert!(crate::config::fields::check_state_id("shedders", 2, "sl00000003/", earlier).is_ok());
 }

@@ -1,14 +1,12 @@
 //! Turning a limiter evaluation into what the client sees: the refusal
 //! (status, `Retry-After`, JSON body, or a gRPC RESOURCE_EXHAUSTED) and the
-//! rate-limit headers.
-//!
-//! `Retry-After` is whole seconds, at least 1, and never earlier than the
-//! moment the request could pass: `ceil((wait + jitter) / 1s)` with jitter
-//! uniform in `[0, spread]`, so clients refused together come back spread out.
+//! rate-limit headers (see [`crate::reply`] for `Retry-After`).
 
+use super::config::BucketSpec;
+use super::{Evaluation, RuleReport, RuleResult, Verdict};
 use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
-use crate::limiter::{Evaluation, RuleReport, RuleResult, Verdict};
+use crate::reply::{ceil_secs, json_str, retry_after_secs, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
 
 /// What the adapter must do with the request.
@@ -20,41 +18,6 @@ pub enum Action {
     },
     /// Answer it now.
     Reject(Rejection),
-}
-
-/// A local reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: String,
-    /// For gRPC requests: this grpc-status and message instead.
-    pub grpc_status: u32,
-    pub grpc_message: String,
-    /// Mechanism and name, e.g. `ratelimit/per-client`, for the optional
-    /// reason header (`response.reason_header`).
-    pub reason: String,
-}
-
-/// gRPC status RESOURCE_EXHAUSTED (rate limited).
-pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
-/// gRPC status UNAVAILABLE (circuit open, shed).
-pub const GRPC_UNAVAILABLE: u32 = 14;
-
-fn ceil_secs(ns: u64) -> u64 {
-    ns / NS_PER_S + u64::from(ns % NS_PER_S != 0)
-}
-
-/// `Retry-After` seconds for a wait, with jitter drawn from `rng`.
-pub fn retry_after_secs(wait_ns: u64, spread_ns: u64, rng: &mut SplitMix) -> u64 {
-    let jitter = rng.below(spread_ns.saturating_add(1));
-    ceil_secs(wait_ns.saturating_add(jitter)).max(1)
-}
-
-/// Escapes a string for a JSON string literal (rule names are restricted to
-/// `[A-Za-z0-9_-]`, but stay safe regardless).
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
 /// What the headers say about a rule's policy.
@@ -69,7 +32,7 @@ pub struct PolicyInfo {
 
 impl PolicyInfo {
     /// The policy of a bucket.
-    pub fn of(name: &str, b: &crate::config::BucketSpec) -> Self {
+    pub fn of(name: &str, b: &BucketSpec) -> Self {
         let refill_ns = (b.burst as u128 * b.period_ns as u128).div_ceil(b.rate as u128);
         let window_s = u64::try_from(refill_ns.div_ceil(NS_PER_S as u128))
             .unwrap_or(u64::MAX)
@@ -133,55 +96,6 @@ pub fn action(
     }
 }
 
-/// The answer of an open (or half-open, probes taken) breaker: never
-/// earlier than the earliest probe time, plus jitter, and a header that
-/// tells it apart from an upstream 503.
-pub fn breaker_rejection(
-    name: &str,
-    status: u32,
-    wait_ms: u64,
-    half_open: bool,
-    spread_ns: u64,
-    rng: &mut SplitMix,
-) -> Rejection {
-    let retry_after = retry_after_secs(wait_ms.saturating_mul(NS_PER_MS), spread_ns, rng);
-    let state = if half_open { "half-open" } else { "open" };
-    Rejection {
-        status,
-        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", state.to_string())],
-        body: format!(
-            "{{\"error\":\"circuit_open\",\"breaker\":{},\"state\":\"{state}\",\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
-            json_str(name)
-        ),
-        grpc_status: GRPC_UNAVAILABLE,
-        grpc_message: format!("circuit {name} is {state}; retry in {wait_ms} ms"),
-        reason: format!("breaker/{name}"),
-    }
-}
-
-/// The answer to a request shed for overload: distinguishable from a rate
-/// limit (429) and a breaker (`x-sluice-circuit`) by `x-sluice-shed`.
-pub fn shed_rejection(
-    name: &str,
-    class: &str,
-    status: u32,
-    spread_ns: u64,
-    rng: &mut SplitMix,
-) -> Rejection {
-    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
-    Rejection {
-        status,
-        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-shed", class.to_string())],
-        body: format!(
-            "{{\"error\":\"overloaded\",\"shedder\":{},\"priority\":\"{class}\",\"retry_after_s\":{retry_after}}}",
-            json_str(name)
-        ),
-        grpc_status: GRPC_UNAVAILABLE,
-        grpc_message: format!("shed by {name} for overload ({class}); retry in {retry_after} s"),
-        reason: format!("shed/{name}"),
-    }
-}
-
 /// The rate-limit headers for one rule. `reset_override` is the refusal's
 /// `Retry-After`, so a refused client is told one consistent time.
 fn rate_headers(
@@ -216,8 +130,7 @@ fn rate_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BucketSpec, HeaderStyle};
-    use crate::limiter::{RuleReport, RuleResult};
+    use crate::config::HeaderStyle;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -256,29 +169,6 @@ mod tests {
                 burst: 20,
             },
         )]
-    }
-
-    #[test]
-    fn property_retry_after_is_never_early_and_stays_within_the_spread() {
-        let mut rng = SplitMix(5);
-        for _ in 0..10_000 {
-            let wait = rng.below(100 * S);
-            let spread = rng.below(10 * S);
-            let ra = retry_after_secs(wait, spread, &mut rng);
-            assert!(ra >= 1);
-            assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
-            assert!(ra <= ceil_secs(wait + spread).max(1));
-        }
-    }
-
-    #[test]
-    fn jitter_spreads_clients_refused_together() {
-        let mut rng = SplitMix(1);
-        let values: std::collections::BTreeSet<u64> = (0..100)
-            .map(|_| retry_after_secs(S / 2, 5 * S, &mut rng))
-            .collect();
-        assert!(values.len() >= 5, "{values:?}");
-        assert_eq!(retry_after_secs(S / 2, 0, &mut rng), 1);
     }
 
     #[test]

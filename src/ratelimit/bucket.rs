@@ -11,7 +11,7 @@
 //! exceeds `burst + rate * elapsed / period`; a request refused with wait `W`
 //! is admitted at `now + W` and would still be refused at `now + W - 1`.
 
-use crate::config::BucketSpec;
+use super::config::BucketSpec;
 
 /// The outcome of asking a bucket for `cost` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! Tests of the limiter's transaction over a store with Envoy's CAS
 //! semantics, including simulated writers on other workers.
 
-use crate::codec::Slot;
+use super::codec::Slot;
+use super::{Limiter, RuleResult, Verdict};
 use crate::config::parse;
-use crate::limiter::{Limiter, RuleResult, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::rng::SplitMix;
 use crate::store::memory::MemoryStore;

@@ -2,7 +2,7 @@
 //! store and commits the charges only if every enforcing rule admits the
 //! request.
 //!
-//! Protocol per request (see the README, "How it works"):
+//! Protocol per request (see docs/design.md):
 //! 1. Read each matching rule's one or two slots (value + CAS token). A
 //!    rule's state is the *lower* TAT of its slots (count-min sketch); the
 //!    slot holding it is the rule's *decision slot*. A read may come from
@@ -23,13 +23,22 @@
 //! Never admitting too much rests on step 3: a rule's charge lands only by a
 //! CAS on the slot its decision was based on, which linearises the decision.
 
-use crate::bucket::Outcome;
-use crate::codec::Slot;
-use crate::config::{check_state_id, Config, ConfigError, RuleSpec};
-use crate::keys::{place, Placement};
+pub mod bucket;
+pub mod codec;
+pub mod config;
+pub mod reply;
+pub mod stage;
+#[cfg(test)]
+mod tests;
+
+use crate::config::fields::{check_state_id, StateId};
+use crate::config::{Config, ConfigError};
+use crate::keys::{place, MissingKey, Placement};
 use crate::request::RequestView;
-use crate::siphash::SipHasher13;
 use crate::store::{Store, StoreError};
+use bucket::Outcome;
+use codec::Slot;
+use config::RuleSpec;
 
 /// What happened to one matching rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,15 +137,20 @@ enum Commit {
 /// Short on purpose: slot keys such as `sl1f2e3d4c/12345` fit Envoy's
 /// short-string buffer, which halves the memory of a slot.
 fn table_id(domain: &str, spec: &RuleSpec) -> u32 {
-    let mut h = SipHasher13::new(0x736c_7569_6365, 0x7275_6c65);
-    h.write_field(domain.as_bytes());
-    h.write_field(spec.name.as_bytes());
-    let definition = format!(
-        "{:?}|{:?}|{:?}|{}",
-        spec.bucket, spec.key, spec.on_missing_key, spec.max_keys
-    );
-    h.write_field(definition.as_bytes());
-    h.finish() as u32
+    let b = &spec.bucket;
+    let mut id = StateId::new((0x736c_7569_6365, 0x7275_6c65), domain)
+        .text(&spec.name)
+        .num(b.rate)
+        .num(b.period_ns)
+        .num(b.burst);
+    for part in &spec.key {
+        id = id.text(part.encode());
+    }
+    let missing = match spec.on_missing_key {
+        MissingKey::Skip => 0,
+        MissingKey::Shared => 1,
+    };
+    id.num(missing).num(u64::from(spec.max_keys)).finish()
 }
 
 impl Limiter {

@@ -1,0 +1,31 @@
+//! What a client refused by an open breaker sees.
+
+use crate::duration::NS_PER_MS;
+use crate::reply::{json_str, retry_after_secs, Rejection, GRPC_UNAVAILABLE};
+use crate::rng::SplitMix;
+
+/// The answer of an open (or half-open, probes taken) breaker: never
+/// earlier than the earliest probe time, plus jitter, and a header that
+/// tells it apart from an upstream 503.
+pub fn rejection(
+    name: &str,
+    status: u32,
+    wait_ms: u64,
+    half_open: bool,
+    spread_ns: u64,
+    rng: &mut SplitMix,
+) -> Rejection {
+    let retry_after = retry_after_secs(wait_ms.saturating_mul(NS_PER_MS), spread_ns, rng);
+    let state = if half_open { "half-open" } else { "open" };
+    Rejection {
+        status,
+        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", state.to_string())],
+        body: format!(
+            "{{\"error\":\"circuit_open\",\"breaker\":{},\"state\":\"{state}\",\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
+            json_str(name)
+        ),
+        grpc_status: GRPC_UNAVAILABLE,
+        grpc_message: format!("circuit {name} is {state}; retry in {wait_ms} ms"),
+        reason: format!("breaker/{name}"),
+    }
+}

@@ -1,0 +1,227 @@
+//! Validators shared by every mechanism's configuration: names, durations,
+//! positive numbers, header names, request matches, state ids. A leaf: it
+//! imports nothing of the mechanisms, so each mechanism's `config.rs` can
+//! use it without an import cycle.
+//!
+//! Every error names the field by its JSON path (`rate_limits[1].bucket.rate`)
+//! and the problem, so the log line Envoy prints when it refuses the plugin is
+//! enough to fix the configuration.
+
+use crate::duration::{parse_duration, NS_PER_MS};
+use crate::matcher::{HeaderMatch, Match};
+use serde::Deserialize;
+use std::fmt;
+
+/// Longest accepted name (it appears in shared-data keys and metric names).
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A configuration error: the JSON path of the offending field and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "invalid configuration: {}", self.problem)
+        } else {
+            write!(f, "invalid configuration: {}: {}", self.field, self.problem)
+        }
+    }
+}
+
+/// Refuses item `i` of `list` (`rate_limits`, `circuit_breakers`,
+/// `shedders`) if its state id (the 32-bit hash of its definition that
+/// prefixes its shared-data keys) is already taken by an earlier item
+/// `(id, name)`: the two would share state. About one chance in four
+/// billion per pair; renaming either one changes its id.
+pub fn check_state_id<'a>(
+    list: &str,
+    i: usize,
+    id: &str,
+    earlier: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), ConfigError> {
+    match earlier.into_iter().find(|(other, _)| *other == id) {
+        Some((_, name)) => Err(err(
+            format!("{list}[{i}].name"),
+            format!("its state id collides with `{name}`'s; rename one of them"),
+        )),
+        None => Ok(()),
+    }
+}
+
+pub fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// The JSON of a request match (`match`), shared by every mechanism.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub path_prefix: Option<String>,
+    pub path: Option<String>,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub headers: Vec<RawHeaderMatch>,
+}
+
+/// One header condition of a match.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHeaderMatch {
+    pub name: String,
+    pub exact: Option<String>,
+    pub present: Option<bool>,
+}
+
+/// A state id: the first 32 bits of a keyed SipHash-1-3 over the domain
+/// and the length-prefixed fields of a definition that decide what its
+/// shared state means. Stable across builds: it depends on the fields'
+/// values only, never on how Rust prints a value. A changed definition gets
+/// fresh state; an unchanged one keeps its state across reconfiguration.
+pub struct StateId(crate::hash::Keyed);
+
+impl StateId {
+    /// Starts an id; `salt` tells mechanisms apart.
+    pub fn new(salt: (u64, u64), domain: &str) -> Self {
+        let mut h = crate::hash::Keyed::new(salt);
+        h.field(domain.as_bytes());
+        StateId(h)
+    }
+
+    /// Adds a text or bytes field.
+    pub fn text(mut self, bytes: impl AsRef<[u8]>) -> Self {
+        self.0.field(bytes.as_ref());
+        self
+    }
+
+    /// Adds a number.
+    pub fn num(mut self, n: u64) -> Self {
+        self.0.field(&n.to_le_bytes());
+        self
+    }
+
+    /// The id.
+    pub fn finish(self) -> u32 {
+        self.0.finish() as u32
+    }
+}
+
+pub fn check_name(field: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(err(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(err(
+            field,
+            format!("must be at most {MAX_NAME_LEN} characters"),
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(err(
+            field,
+            format!("`{name}` may only contain letters, digits, `_` and `-`"),
+        ));
+    }
+    Ok(())
+}
+
+/// An HTTP status for a refusal: 400 to 599.
+pub fn status(field: String, value: i64) -> Result<u32, ConfigError> {
+    if !(400..=599).contains(&value) {
+        return Err(err(
+            field,
+            format!("must be between 400 and 599, got {value}"),
+        ));
+    }
+    Ok(value as u32)
+}
+
+/// A duration field in whole milliseconds (at least 1 ms), `default` if absent.
+pub fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
+    let ns =
+        parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
+    if ns < NS_PER_MS {
+        return Err(err(field, "must be at least 1ms"));
+    }
+    Ok(ns / NS_PER_MS)
+}
+
+pub fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
+    if value <= 0 {
+        return Err(err(field, format!("must be greater than 0, got {value}")));
+    }
+    Ok(value as u64)
+}
+
+/// Validates and lower-cases a header name.
+pub fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    if name.is_empty() || name.len() > 256 {
+        return Err(err(field, "header name must be 1 to 256 characters"));
+    }
+    let ok = name.bytes().enumerate().all(|(i, b)| {
+        b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b) || (i == 0 && b == b':')
+    });
+    if !ok {
+        return Err(err(field, format!("`{name}` is not a valid header name")));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+pub fn validate_match(at: &str, raw: RawMatch) -> Result<Match, ConfigError> {
+    if raw.path_prefix.is_some() && raw.path.is_some() {
+        return Err(err(
+            format!("{at}.match"),
+            "give either `path` or `path_prefix`, not both",
+        ));
+    }
+    for (field, value) in [("path_prefix", &raw.path_prefix), ("path", &raw.path)] {
+        if let Some(p) = value {
+            if !p.starts_with('/') {
+                return Err(err(
+                    format!("{at}.match.{field}"),
+                    format!("`{p}` must start with `/`"),
+                ));
+            }
+        }
+    }
+    let mut methods = Vec::with_capacity(raw.methods.len());
+    for (j, m) in raw.methods.iter().enumerate() {
+        if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(err(
+                format!("{at}.match.methods[{j}]"),
+                format!("`{m}` is not an HTTP method"),
+            ));
+        }
+        methods.push(m.to_ascii_uppercase());
+    }
+    let mut headers = Vec::with_capacity(raw.headers.len());
+    for (j, h) in raw.headers.into_iter().enumerate() {
+        let field = format!("{at}.match.headers[{j}]");
+        let name = header_name(&format!("{field}.name"), &h.name)?;
+        let m = match (h.exact, h.present) {
+            (Some(_), Some(_)) => {
+                return Err(err(field, "give either `exact` or `present`, not both"))
+            }
+            (Some(value), None) => HeaderMatch::Exact(name, value.into_bytes()),
+            (None, Some(present)) => HeaderMatch::Present(name, present),
+            (None, None) => HeaderMatch::Present(name, true),
+        };
+        headers.push(m);
+    }
+    Ok(Match {
+        path_prefix: raw.path_prefix,
+        path: raw.path,
+        methods,
+        headers,
+    })
+}

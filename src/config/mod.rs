@@ -1,0 +1,219 @@
+//! The plugin configuration as a whole: the top-level JSON (unknown fields
+//! refused), the shared `response` settings, and the assembly of every
+//! mechanism's validated items (each mechanism validates its own in its
+//! `config.rs`, with the shared validators of [`fields`]).
+
+pub mod fields;
+#[cfg(test)]
+mod tests;
+
+use crate::breaker::config::{self as breaker_config, BreakerSpec, RawBreaker};
+use crate::duration::{parse_duration, NS_PER_S};
+use crate::ratelimit::config::{self as rule_config, RawRule, RuleSpec};
+use crate::shed::config::{self as shed_config, RawShedder, ShedderSpec};
+pub use fields::{check_name, err, ConfigError};
+use serde::Deserialize;
+
+/// The top-level JSON.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    domain: Option<String>,
+    #[serde(default)]
+    rate_limits: Vec<RawRule>,
+    #[serde(default)]
+    response: RawResponse,
+    #[serde(default)]
+    failure_mode_deny: bool,
+    #[serde(default)]
+    max_cas_retries: Option<u32>,
+    #[serde(default)]
+    circuit_breakers: Vec<RawBreaker>,
+    #[serde(default)]
+    shedders: Vec<RawShedder>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResponse {
+    #[serde(default = "default_status")]
+    status: i64,
+    #[serde(default = "default_jitter")]
+    retry_after_jitter: String,
+    #[serde(default)]
+    ratelimit_headers: HeaderStyle,
+    #[serde(default)]
+    headers_on_allowed: bool,
+    #[serde(default)]
+    reason_header: Option<String>,
+}
+
+impl Default for RawResponse {
+    fn default() -> Self {
+        Self {
+            status: default_status(),
+            retry_after_jitter: default_jitter(),
+            ratelimit_headers: HeaderStyle::default(),
+            headers_on_allowed: false,
+            reason_header: None,
+        }
+    }
+}
+
+fn default_status() -> i64 {
+    429
+}
+fn default_jitter() -> String {
+    "1s".to_string()
+}
+
+/// Which rate-limit headers to send.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderStyle {
+    /// IETF draft `RateLimit-Policy` and `RateLimit` structured fields.
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+    /// Both of the above.
+    #[default]
+    Both,
+    /// None.
+    None,
+}
+
+/// Validated response settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseSpec {
+    pub status: u32,
+    pub retry_after_jitter_ns: u64,
+    pub ratelimit_headers: HeaderStyle,
+    pub headers_on_allowed: bool,
+    /// If set, every sluice refusal names its mechanism and rule in this header.
+    pub reason_header: Option<String>,
+}
+
+/// The validated plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub domain: String,
+    pub rules: Vec<RuleSpec>,
+    pub response: ResponseSpec,
+    pub failure_mode_deny: bool,
+    pub max_cas_retries: u32,
+    pub breakers: Vec<BreakerSpec>,
+    pub shedders: Vec<ShedderSpec>,
+}
+
+/// Parses and validates the plugin configuration. An empty input means "no
+/// rules": the filter then passes every request untouched.
+pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let raw: RawConfig = if first.is_none() {
+        RawConfig::default()
+    } else if first != Some(&b'{') {
+        return Err(err("", "the configuration must be a JSON object"));
+    } else {
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            // serde_path_to_error writes `?` for a position it could not name.
+            let path = e.path().to_string();
+            let path = path.trim_end_matches('?').trim_end_matches('.');
+            let field = if path == "." {
+                String::new()
+            } else {
+                path.to_string()
+            };
+            err(field, e.into_inner().to_string())
+        })?
+    };
+    validate(raw)
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let domain = raw.domain.unwrap_or_else(|| "default".to_string());
+    check_name("domain", &domain)?;
+    let max_cas_retries = raw.max_cas_retries.unwrap_or(16);
+    if max_cas_retries == 0 || max_cas_retries > 1000 {
+        return Err(err("max_cas_retries", "must be between 1 and 1000"));
+    }
+    let rules = items(
+        "rate_limits",
+        "rule",
+        raw.rate_limits,
+        rule_config::validate,
+        |r| &r.name,
+    )?;
+    let breakers = items(
+        "circuit_breakers",
+        "breaker",
+        raw.circuit_breakers,
+        breaker_config::validate,
+        |b| &b.name,
+    )?;
+    let shedders = items(
+        "shedders",
+        "shedder",
+        raw.shedders,
+        shed_config::validate,
+        |s| &s.name,
+    )?;
+    Ok(Config {
+        breakers,
+        shedders,
+        domain,
+        rules,
+        response: validate_response(raw.response)?,
+        failure_mode_deny: raw.failure_mode_deny,
+        max_cas_retries,
+    })
+}
+
+/// Validates the items of list `list` in order, refusing a name given twice.
+fn items<R, T>(
+    list: &str,
+    what: &str,
+    raw: Vec<R>,
+    validate: fn(&str, R) -> Result<T, ConfigError>,
+    name: fn(&T) -> &String,
+) -> Result<Vec<T>, ConfigError> {
+    let mut out: Vec<T> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.into_iter().enumerate() {
+        let at = format!("{list}[{i}]");
+        let item = validate(&at, r)?;
+        if out.iter().any(|x| name(x) == name(&item)) {
+            return Err(err(
+                format!("{at}.name"),
+                format!("duplicate {what} name `{}`", name(&item)),
+            ));
+        }
+        out.push(item);
+    }
+    Ok(out)
+}
+
+fn validate_response(raw: RawResponse) -> Result<ResponseSpec, ConfigError> {
+    if !(400..=599).contains(&raw.status) {
+        return Err(err(
+            "response.status",
+            format!("must be between 400 and 599, got {}", raw.status),
+        ));
+    }
+    let jitter = parse_duration(&raw.retry_after_jitter)
+        .map_err(|p| err("response.retry_after_jitter", p))?;
+    if jitter > 3_600 * NS_PER_S {
+        return Err(err("response.retry_after_jitter", "must be at most 1h"));
+    }
+    let reason_header = match raw.reason_header {
+        Some(h) => Some(fields::header_name("response.reason_header", &h)?),
+        None => None,
+    };
+    Ok(ResponseSpec {
+        reason_header,
+        status: raw.status as u32,
+        retry_after_jitter_ns: jitter,
+        ratelimit_headers: raw.ratelimit_headers,
+        headers_on_allowed: raw.headers_on_allowed,
+    })
+}

@@ -1,0 +1,268 @@
+//! The request pipeline: what happens to a request from its headers to the
+//! end of its stream, as pure code. It owns the order of the mechanisms
+//! (breakers first, so a fast-failed request spends no token; then rate
+//! limits; then shedders, which may queue), the per-stream state (which
+//! stages hold something for a stream), the exactly-once release on every
+//! way a stream ends, and the tick.
+//!
+//! The host calls it from each hook with what it read and carries out what
+//! it answers: a verdict on the current request, effects on other streams,
+//! a new tick period.
+//!
+//! Invariants (property-tested in `tests.rs`): a stage that holds something
+//! for a stream hears of the stream's end exactly once, whichever way it
+//! ends (success, upstream error, reset, local reply, client abort while
+//! queued or in flight, a configuration replaced mid-stream); a request
+//! refused by one stage spends nothing in the others.
+
+mod stage;
+pub mod telemetry;
+#[cfg(test)]
+mod tests;
+
+pub use stage::{Cx, Decision, Effect, Env, Stage, Step, StreamId};
+
+use crate::config::{Config, ConfigError, ResponseSpec};
+use crate::reply::Rejection;
+use crate::request::{RequestView, ResponseView};
+use crate::rng::SplitMix;
+use std::time::Duration;
+use telemetry::Registry;
+
+/// The tick period while nothing waits in a sluice queue.
+pub const SLOW_TICK: Duration = Duration::from_millis(100);
+/// The tick period while requests wait: a slot freed on another worker is
+/// used within about a millisecond.
+pub const FAST_TICK: Duration = Duration::from_millis(1);
+
+/// What the host keeps per stream for the pipeline.
+#[derive(Debug, Default)]
+pub struct Stream {
+    id: StreamId,
+    /// Bit `i`: stage `i` holds something for this stream.
+    holds: u64,
+    response_headers: Vec<(&'static str, String)>,
+}
+
+impl Stream {
+    pub fn new(id: StreamId) -> Self {
+        Stream {
+            id,
+            ..Stream::default()
+        }
+    }
+}
+
+/// The pipeline's verdict on the current request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    /// Answer it with this local reply.
+    Reply(Rejection),
+    /// Pause it: it waits in a queue.
+    Pause,
+}
+
+/// What the host must carry out after a call.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Effects on other streams, in order.
+    pub effects: Vec<Effect>,
+    /// A new tick period, if it changed.
+    pub tick: Option<Duration>,
+}
+
+/// One configuration's pipeline, in one VM.
+pub struct Pipeline {
+    stages: Vec<Box<dyn Stage>>,
+    rng: SplitMix,
+    fast_tick: bool,
+    response: ResponseSpec,
+    /// The metrics every stage defined.
+    pub metrics: Registry,
+}
+
+impl Pipeline {
+    /// Builds the stages of a configuration, in order. `seed` is the hash
+    /// seed every VM of this Envoy shares; `worker` a random tag of this
+    /// VM; `now_ms` the time; `rng` seeds jitter.
+    pub fn build(
+        config: &Config,
+        seed: (u64, u64),
+        worker: u32,
+        now_ms: u64,
+        rng: u64,
+    ) -> Result<Self, ConfigError> {
+        let mut metrics = Registry::default();
+        // The registration list: one line per mechanism, in request order.
+        let stages: Vec<Box<dyn Stage>> = [
+            crate::breaker::stage::build(config, seed, &mut metrics)?,
+            crate::ratelimit::stage::build(config, seed, &mut metrics)?,
+            crate::shed::stage::build(config, now_ms, worker, &mut metrics)?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Ok(Pipeline {
+            stages,
+            rng: SplitMix(rng),
+            fast_tick: false,
+            response: config.response.clone(),
+            metrics,
+        })
+    }
+
+    /// Whether any mechanism is configured (else nothing needs a tick).
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+
+    /// The header naming the mechanism of a refusal, if configured.
+    pub fn reason_header(&self) -> Option<&str> {
+        self.response.reason_header.as_deref()
+    }
+
+    /// Runs `f` with a context over `env`.
+    fn with_cx<R>(
+        &mut self,
+        env: &mut Env<'_>,
+        f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
+    ) -> (R, Outcome) {
+        let mut effects = Vec::new();
+        let mut cx = Cx {
+            env,
+            now_ns: None,
+            rng: &mut self.rng,
+            effects: &mut effects,
+            tick_changed: false,
+        };
+        let r = f(&mut self.stages, &mut cx);
+        let changed = cx.tick_changed;
+        let tick = if changed { self.retick() } else { None };
+        (r, Outcome { effects, tick })
+    }
+
+    /// The new tick period, if the stages' need of the fast tick changed.
+    fn retick(&mut self) -> Option<Duration> {
+        let fast = self.stages.iter().any(|s| s.wants_fast_tick());
+        if fast == self.fast_tick {
+            return None;
+        }
+        self.fast_tick = fast;
+        Some(if fast { FAST_TICK } else { SLOW_TICK })
+    }
+
+    /// Creates what the stages need in shared data (at configuration).
+    pub fn start(&mut self, env: &mut Env<'_>) -> Result<(), String> {
+        let (r, _) = self.with_cx(env, |stages, cx| {
+            stages.iter_mut().try_for_each(|s| s.start(cx))
+        });
+        r
+    }
+
+    /// Decides on a request's headers, stage by stage. A refusal releases
+    /// what earlier stages hold for the stream at once.
+    pub fn request(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        req: &dyn RequestView,
+    ) -> (Verdict, Outcome) {
+        self.with_cx(env, |stages, cx| {
+            for (i, stage) in stages.iter_mut().enumerate() {
+                let d = stage.request(cx, stream.id, req);
+                if d.held {
+                    stream.holds |= 1 << i;
+                }
+                match d.step {
+                    Step::Continue => {
+                        if !d.response_headers.is_empty() {
+                            stream.response_headers = d.response_headers;
+                        }
+                    }
+                    Step::Pause => return Verdict::Pause,
+                    Step::Reply(r) => {
+                        release(stages, cx, stream);
+                        return Verdict::Reply(r);
+                    }
+                }
+            }
+            Verdict::Continue
+        })
+    }
+
+    /// The response headers: the stages holding something for the stream
+    /// see them; returns the headers to add.
+    pub fn response(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        resp: &dyn ResponseView,
+    ) -> (Vec<(&'static str, String)>, Outcome) {
+        if stream.holds != 0 {
+            let ((), out) = self.with_cx(env, |stages, cx| {
+                for (i, stage) in stages.iter_mut().enumerate() {
+                    if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
+                        stream.holds &= !(1 << i);
+                    }
+                }
+            });
+            return (std::mem::take(&mut stream.response_headers), out);
+        }
+        (
+            std::mem::take(&mut stream.response_headers),
+            Outcome::default(),
+        )
+    }
+
+    /// The stream ended, however it ended: every stage holding something
+    /// for it releases it, exactly once.
+    pub fn end(&mut self, env: &mut Env<'_>, stream: &mut Stream) -> Outcome {
+        if stream.holds == 0 {
+            return Outcome::default();
+        }
+        let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, stream));
+        out
+    }
+
+    /// A stream the host found gone while the pipeline thought it paused:
+    /// every stage releases what it may hold for it.
+    pub fn gone(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
+        let mut stream = Stream {
+            id,
+            holds: u64::MAX,
+            response_headers: Vec::new(),
+        };
+        self.end(env, &mut stream)
+    }
+
+    /// Periodic work of every stage; back to the slow tick once no stage
+    /// needs the fast one.
+    pub fn tick(&mut self, env: &mut Env<'_>) -> Outcome {
+        let ((), out) = self.with_cx(env, |stages, cx| {
+            stages.iter_mut().for_each(|s| s.tick(cx));
+            cx.tick_changed = true;
+        });
+        out
+    }
+
+    /// The configuration is going away: stages give back what they can.
+    pub fn close(&mut self, env: &mut Env<'_>) -> Outcome {
+        let ((), out) = self.with_cx(env, |stages, cx| {
+            stages.iter_mut().for_each(|s| s.close(cx));
+        });
+        out
+    }
+}
+
+/// Tells every stage holding something for the stream that it ended, and
+/// forgets that they did: the only way a hold bit is cleared after the
+/// request, so the release happens once.
+fn release(stages: &mut [Box<dyn Stage>], cx: &mut Cx<'_, '_>, stream: &mut Stream) {
+    let holds = std::mem::take(&mut stream.holds);
+    for (i, stage) in stages.iter_mut().enumerate() {
+        if holds & (1 << i) != 0 {
+            stage.end(cx, stream.id);
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The seam every mechanism plugs into: a [`Stage`] sees each request in
+//! order, may keep per-stream state keyed by the stream's id, and answers
+//! with values; [`Cx`] is what a stage may use (the store, the clock,
+//! randomness, metrics, and effects on other streams).
+
+use super::telemetry::{MetricId, Sink};
+use crate::reply::Rejection;
+use crate::request::{RequestView, ResponseView};
+use crate::rng::SplitMix;
+use crate::store::Store;
+
+/// The host's id of a stream (an HTTP context id, per VM).
+pub type StreamId = u32;
+
+/// What the host lends the pipeline for one call.
+pub struct Env<'a> {
+    /// Shared data.
+    pub store: &'a dyn Store,
+    /// Nanoseconds since the Unix epoch; read at most once per call.
+    pub clock: &'a dyn Fn() -> u64,
+    /// Metrics.
+    pub sink: &'a mut dyn Sink,
+}
+
+/// Something the host must do to another stream than the current one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Answer the stream (paused in a queue) with a local reply.
+    Reply {
+        stream: StreamId,
+        rejection: Rejection,
+    },
+    /// Resume the paused stream. If the host finds it gone, it must call
+    /// `Pipeline::end` for it (it may hold a slot).
+    Resume { stream: StreamId },
+}
+
+/// A stage's decision on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Go on to the next stage (and the upstream).
+    Continue,
+    /// Answer the request now; nothing is spent elsewhere.
+    Reply(Rejection),
+    /// Hold the request (queued); the stage resumes or answers it later
+    /// through an [`Effect`].
+    Pause,
+}
+
+/// A stage's answer on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub step: Step,
+    /// Whether the stage keeps state for this stream (it then hears of the
+    /// response and of the stream's end, exactly once).
+    pub held: bool,
+    /// Headers to add to the response (if the request goes on).
+    pub response_headers: Vec<(&'static str, String)>,
+}
+
+impl Decision {
+    /// Go on, holding nothing.
+    pub fn pass() -> Self {
+        Decision {
+            step: Step::Continue,
+            held: false,
+            response_headers: Vec::new(),
+        }
+    }
+
+    /// A decision with no headers.
+    pub fn of(step: Step, held: bool) -> Self {
+        Decision {
+            step,
+            held,
+            response_headers: Vec::new(),
+        }
+    }
+}
+
+/// What a stage may use during one call.
+pub struct Cx<'a, 'e> {
+    pub(super) env: &'a mut Env<'e>,
+    pub(super) now_ns: Option<u64>,
+    /// The pipeline's random source (jitter).
+    pub rng: &'a mut SplitMix,
+    /// Effects on other streams, in order.
+    pub effects: &'a mut Vec<Effect>,
+    /// Set by a stage whose need of the fast tick may have changed.
+    pub tick_changed: bool,
+}
+
+impl<'e> Cx<'_, 'e> {
+    /// The store.
+    pub fn store(&self) -> &'e dyn Store {
+        self.env.store
+    }
+
+    /// Now, in nanoseconds since the Unix epoch (read from the host once
+    /// per call, and only if a stage asks).
+    pub fn now_ns(&mut self) -> u64 {
+        match self.now_ns {
+            Some(n) => n,
+            None => {
+                let n = (self.env.clock)();
+                self.now_ns = Some(n);
+                n
+            }
+        }
+    }
+
+    /// Now, in milliseconds.
+    pub fn now_ms(&mut self) -> u64 {
+        self.now_ns() / 1_000_000
+    }
+
+    /// Adds to a counter or gauge (handed to the host in batches).
+    pub fn add(&mut self, m: MetricId, by: i64) {
+        self.env.sink.add(m, by);
+    }
+
+    /// Adds to a counter at once (rare events: breaker transitions).
+    pub fn add_now(&mut self, m: MetricId, by: i64) {
+        self.env.sink.add_now(m, by);
+    }
+
+    /// Sets a gauge, or records a histogram value, at once.
+    pub fn record(&mut self, m: MetricId, value: u64) {
+        self.env.sink.record(m, value);
+    }
+}
+
+/// One mechanism in the request pipeline. A new mechanism is a folder with
+/// a type implementing this, registered in [`super::Pipeline::build`].
+///
+/// Contract: a stage that answers `held: true` for a stream hears of it
+/// again through `response` (unless it said it holds nothing more) and
+/// then `end`, exactly once, however the stream ends; it must release
+/// everything it keeps for the stream in `end`.
+pub trait Stage {
+    /// Creates what the stage needs in shared data (at configuration).
+    fn start(&mut self, _cx: &mut Cx<'_, '_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Decides on a request's headers.
+    fn request(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, req: &dyn RequestView)
+        -> Decision;
+
+    /// The response headers of a stream this stage holds. Returns whether
+    /// the stage still holds something for it.
+    fn response(
+        &mut self,
+        _cx: &mut Cx<'_, '_>,
+        _stream: StreamId,
+        _resp: &dyn ResponseView,
+    ) -> bool {
+        true
+    }
+
+    /// The stream ended, whichever way (or a later stage refused it):
+    /// release what it holds.
+    fn end(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId) {}
+
+    /// Periodic work (every tick).
+    fn tick(&mut self, _cx: &mut Cx<'_, '_>) {}
+
+    /// Whether the stage needs the fast (1 ms) tick now.
+    fn wants_fast_tick(&self) -> bool {
+        false
+    }
+
+    /// The configuration is going away: give back what can be given back.
+    fn close(&mut self, _cx: &mut Cx<'_, '_>) {}
+}

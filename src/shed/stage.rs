@@ -1,0 +1,285 @@
+//! Load shedding in the pipeline: classifies each request, admits, queues
+//! or sheds it at each matching shedder, holds concurrency slots by stream
+//! until the stream ends (released exactly once: removal from `held` is
+//! the release), resumes or sheds queued streams when slots free and on
+//! ticks, and feeds response latencies to the latency-mode shedders.
+
+use super::{Arrival, Class, Shedders, Wake};
+use crate::config::{Config, ConfigError};
+use crate::hash::FastMap;
+use crate::pipeline::telemetry::{Kind, MetricId, Registry};
+use crate::pipeline::{Cx, Decision, Effect, Stage, Step, StreamId};
+use crate::reply::Rejection;
+use crate::request::{RequestView, ResponseView};
+use log::{debug, warn};
+
+/// Metric ids of one shedder (`sluice_shed_<what>.shedder.<name>`).
+#[derive(Default, Clone, Copy)]
+struct OneShedder {
+    in_flight: MetricId,
+    queued: MetricId,
+    queue_ms: MetricId,
+    overloaded: MetricId,
+    shed: [MetricId; 3],
+}
+
+/// The shedding stage of one configuration.
+pub struct ShedStage {
+    shedders: Shedders,
+    jitter_ns: u64,
+    metrics: Vec<OneShedder>,
+    /// Concurrency slots held, by stream (shedder indices).
+    held: FastMap<StreamId, Vec<usize>>,
+    /// Latency-mode shedders to report a stream's response latency to, and
+    /// when the request arrived (ms).
+    watched: FastMap<StreamId, (Vec<usize>, u64)>,
+}
+
+/// The stage, if the configuration has shedders. `worker` tags this VM's
+/// claims in the shared queue entries.
+pub fn build(
+    config: &Config,
+    now_ms: u64,
+    worker: u32,
+    reg: &mut Registry,
+) -> Result<Option<Box<dyn Stage>>, ConfigError> {
+    if config.shedders.is_empty() {
+        return Ok(None);
+    }
+    let metrics = config
+        .shedders
+        .iter()
+        .map(|s| {
+            let mut m = |kind, what| reg.tagged(kind, "shed_", what, "shedder", &s.name);
+            OneShedder {
+                in_flight: m(Kind::Gauge, "in_flight"),
+                queued: m(Kind::Gauge, "queued"),
+                queue_ms: m(Kind::Histogram, "queue_ms"),
+                overloaded: m(Kind::Gauge, "overloaded_workers"),
+                shed: [
+                    m(Kind::Counter, "shed_sheddable"),
+                    m(Kind::Counter, "shed_default"),
+                    m(Kind::Counter, "shed_critical"),
+                ],
+            }
+        })
+        .collect();
+    Ok(Some(Box::new(ShedStage {
+        shedders: Shedders::new(config, now_ms, worker)?,
+        jitter_ns: config.response.retry_after_jitter_ns,
+        metrics,
+        held: FastMap::default(),
+        watched: FastMap::default(),
+    })))
+}
+
+impl ShedStage {
+    fn m(&self, s: usize) -> OneShedder {
+        self.metrics.get(s).copied().unwrap_or_default()
+    }
+
+    /// Reports the overload changes the shedders noted.
+    fn changes(&mut self, cx: &mut Cx<'_, '_>) {
+        for (s, overloaded) in std::mem::take(&mut self.shedders.changes) {
+            let name = self
+                .shedders
+                .rules
+                .get(s)
+                .map_or("", |x| x.spec.name.as_str());
+            cx.add(self.m(s).overloaded, if overloaded { 1 } else { -1 });
+            if overloaded {
+                warn!("sluice: shedder `{name}`: queue delay above target, shedding");
+            } else {
+                debug!("sluice: shedder `{name}`: queue delay back under target");
+            }
+        }
+    }
+
+    /// The shed answer for a request of `class` at shedder `s`, counted.
+    fn answer(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class) -> Option<Rejection> {
+        let spec = &self.shedders.rules.get(s)?.spec;
+        let r = super::reply::rejection(
+            &spec.name,
+            class.name(),
+            spec.status,
+            self.jitter_ns,
+            cx.rng,
+        );
+        if let Some(&id) = self.m(s).shed.get(class as usize) {
+            cx.add(id, 1);
+        }
+        Some(r)
+    }
+
+    /// Answers another (queued) stream with the shed reply.
+    fn shed_other(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class, stream: StreamId) {
+        if let Some(rejection) = self.answer(cx, s, class) {
+            cx.effects.push(Effect::Reply { stream, rejection });
+        }
+    }
+
+    fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: usize) {
+        self.held.entry(id).or_default().push(s);
+        cx.add(self.m(s).in_flight, 1);
+    }
+
+    /// Resumes or sheds queued streams (after a release, and on ticks).
+    fn wake(&mut self, cx: &mut Cx<'_, '_>) {
+        for s in 0..self.shedders.rules.len() {
+            let sh = &self.shedders;
+            if sh.queued(s) == 0 && !sh.overloaded(s) && !sh.has_retries() {
+                continue;
+            }
+            let now = cx.now_ms();
+            let wakes = self.shedders.wake(cx.store(), now, s);
+            self.changes(cx);
+            let m = self.m(s);
+            for w in wakes {
+                cx.add(m.queued, -1);
+                match w {
+                    Wake::Resume {
+                        id,
+                        waited_ms,
+                        slot,
+                    } => {
+                        cx.record(m.queue_ms, waited_ms);
+                        if slot {
+                            self.hold(cx, id, s);
+                        }
+                        cx.effects.push(Effect::Resume { stream: id });
+                    }
+                    Wake::Shed { waiter } => self.shed_other(cx, s, waiter.class, waiter.id),
+                }
+            }
+        }
+        cx.tick_changed = true;
+    }
+
+    /// Releases the stream's slots and takes it out of any queue, then
+    /// lets waiters in.
+    fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        let slots = self.held.remove(&id).unwrap_or_default();
+        for &s in &slots {
+            self.shedders.release(cx.store(), s);
+            cx.add(self.m(s).in_flight, -1);
+        }
+        let mut cancelled = false;
+        for s in 0..self.shedders.rules.len() {
+            if self.shedders.cancel(cx.store(), s, id) {
+                cancelled = true;
+                cx.add(self.m(s).queued, -1);
+            }
+        }
+        if !slots.is_empty() || cancelled {
+            self.wake(cx);
+        }
+    }
+
+    /// Runs the request's shedders; `Some(step)` when one sheds or queues it.
+    fn arrive(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        id: StreamId,
+        now: u64,
+        classes: Vec<(usize, Class)>,
+    ) -> Option<Step> {
+        for (s, class) in classes {
+            let arrival = self.shedders.arrive(cx.store(), now, s, id, class);
+            self.changes(cx);
+            match arrival {
+                Arrival::Admit { slot: true } => self.hold(cx, id, s),
+                Arrival::Admit { slot: false } => {}
+                Arrival::Shed => {
+                    self.finish(cx, id);
+                    let r = self.answer(cx, s, class)?;
+                    return Some(Step::Reply(r));
+                }
+                Arrival::Queue { evicted } => {
+                    cx.add(self.m(s).queued, 1);
+                    cx.tick_changed = true;
+                    if let Some(w) = evicted {
+                        cx.add(self.m(s).queued, -1);
+                        self.shed_other(cx, s, w.class, w.id);
+                    }
+                    // Only the first shedder with a queue applies to a request.
+                    return Some(Step::Pause);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Stage for ShedStage {
+    fn start(&mut self, cx: &mut Cx<'_, '_>) -> Result<(), String> {
+        self.shedders
+            .create(cx.store())
+            .map_err(|e| format!("could not create shedder counters in shared data: {e:?}"))
+    }
+
+    fn request(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, req: &dyn RequestView) -> Decision {
+        let now = cx.now_ms();
+        let classes = self.shedders.classify(req);
+        let watched: Vec<usize> = classes
+            .iter()
+            .filter(|(s, _)| {
+                self.shedders
+                    .rules
+                    .get(*s)
+                    .is_some_and(|x| x.spec.concurrency.is_none())
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        let step = self.arrive(cx, id, now, classes);
+        if let Some(Step::Reply(r)) = step {
+            return Decision::of(Step::Reply(r), false);
+        }
+        if !watched.is_empty() {
+            self.watched.insert(id, (watched, now));
+        }
+        let queued = step.is_some();
+        let held = queued || self.held.contains_key(&id) || self.watched.contains_key(&id);
+        Decision::of(step.unwrap_or(Step::Continue), held)
+    }
+
+    /// Latency mode: feeds the response's latency (or the queue time the
+    /// upstream reports in a header) to the shedders that watch it.
+    fn response(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, resp: &dyn ResponseView) -> bool {
+        if let Some((watched, start_ms)) = self.watched.remove(&id) {
+            let now = cx.now_ms();
+            for s in watched {
+                let reported_ms = self
+                    .shedders
+                    .rules
+                    .get(s)
+                    .and_then(|r| r.spec.latency.queue_time_header.as_deref())
+                    .and_then(|h| resp.header(h))
+                    .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+                self.shedders
+                    .response(now, s, now.saturating_sub(start_ms), reported_ms);
+            }
+            self.changes(cx);
+        }
+        self.held.contains_key(&id)
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        self.watched.remove(&id);
+        self.finish(cx, id);
+    }
+
+    fn tick(&mut self, cx: &mut Cx<'_, '_>) {
+        self.shedders.return_leases(cx.store());
+        self.wake(cx);
+    }
+
+    /// Waiting requests, or failed decrements to retry, need the fast tick.
+    fn wants_fast_tick(&self) -> bool {
+        self.shedders.has_retries()
+            || (0..self.shedders.rules.len()).any(|s| self.shedders.queued(s) > 0)
+    }
+
+    fn close(&mut self, cx: &mut Cx<'_, '_>) {
+        self.shedders.return_leases(cx.store());
+    }
+}
