@@ -13,7 +13,7 @@
 //! admitted request; the queue never exceeds its bound and nobody waits past
 //! `max_wait`; higher classes are admitted first and shed last.
 
-mod codec;
+pub mod codec;
 pub mod codel;
 pub mod config;
 mod entry;
