@@ -53,6 +53,32 @@ pub enum Check {
     },
 }
 
+/// One breaker key's verdict (see `Breakers::check_one`).
+enum One {
+    /// Pass, with a ticket if the key is tracked.
+    Pass(Option<Ticket>),
+    /// Open: fail fast, the next probe in `retry_after_ms`.
+    Open { retry_after_ms: u64 },
+    /// Half-open with every probe taken: fail fast.
+    NoProbeLeft,
+    /// The store failed and the breaker fails closed (`failure_mode_deny`).
+    StoreDown,
+}
+
+impl One {
+    /// The verdict when the store fails: the failure policy decides.
+    fn store_down(spec: &BreakerSpec) -> One {
+        if spec.failure_mode_deny {
+            One::StoreDown
+        } else {
+            One::Pass(None)
+        }
+    }
+}
+
+/// `Retry-After` of a request refused because the store failed (fail closed).
+const STORE_DOWN_RETRY_MS: u64 = 1000;
+
 /// A transition, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
@@ -205,75 +231,43 @@ impl Breakers {
                 continue;
             };
             let spec = rule.spec.clone();
-            match self.check_one(store, now_ms, b, key, &spec, events) {
-                Ok(Some(t)) => tickets.push(t),
-                Ok(None) => {}
-                Err(retry_after_ms) => {
-                    let half_open = retry_after_ms == 0;
-                    for t in tickets {
-                        self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+            let (retry_after_ms, half_open) =
+                match self.check_one(store, now_ms, (b, key), &spec, events) {
+                    One::Pass(t) => {
+                        tickets.extend(t);
+                        continue;
                     }
-                    return Check::FailFast {
-                        breaker: b,
-                        retry_after_ms: retry_after_ms.max(1),
-                        half_open,
-                    };
-                }
+                    One::Open { retry_after_ms } => (retry_after_ms, false),
+                    One::NoProbeLeft => (0, true),
+                    One::StoreDown => (STORE_DOWN_RETRY_MS, false),
+                };
+            for t in tickets {
+                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
             }
+            return Check::FailFast {
+                breaker: b,
+                retry_after_ms: retry_after_ms.max(1),
+                half_open,
+            };
         }
         Check::Pass(tickets)
     }
 
-    /// `Ok(ticket)` to pass, `Err(retry_after_ms)` to fail fast (0 meaning
-    /// half-open with no probe left).
+    /// One breaker key's verdict on a request.
     fn check_one(
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        b: usize,
-        key: u64,
+        (b, key): (usize, u64),
         spec: &BreakerSpec,
         events: &mut Vec<Event>,
-    ) -> Result<Option<Ticket>, u64> {
-        if !self.local.contains_key(&(b, key)) {
-            let Some(n) = self.tracked.get_mut(b) else {
-                return Ok(None);
-            };
-            if *n >= spec.max_keys {
-                return Ok(None); // beyond max_keys: not tracked, passes
-            }
-            *n += 1;
-            self.local.insert(
-                (b, key),
-                Local {
-                    state: State::new(),
-                    fetched_ms: None,
-                    pending: 0,
-                    flushed_ms: now_ms,
-                },
-            );
+    ) -> One {
+        if !self.track(b, key, spec, now_ms) {
+            return One::Pass(None); // beyond max_keys: not tracked, passes
         }
-        let stale = self.local.get(&(b, key)).is_some_and(|l| {
-            l.fetched_ms
-                .is_none_or(|t| now_ms.saturating_sub(t) >= SYNC_MS)
-        });
-        if stale {
-            let fresh = match store.get(&self.shared_key(b, key)) {
-                Ok(Some(e)) => decode(&e.bytes).ok(),
-                Ok(None) => Some(State::new()),
-                Err(_) => None,
-            };
-            match fresh {
-                Some(s) => self.remember(b, key, s, now_ms),
-                None => {
-                    self.store_failures += 1;
-                    return if spec.failure_mode_deny {
-                        Err(1000)
-                    } else {
-                        Ok(None)
-                    };
-                }
-            }
+        if self.refresh(store, b, key, now_ms).is_err() {
+            self.store_failures += 1;
+            return One::store_down(spec);
         }
         let state = self
             .local
@@ -281,51 +275,99 @@ impl Breakers {
             .map(|l| l.state)
             .unwrap_or_default();
         match state.admit(spec, now_ms) {
-            Admit::Pass => Ok(Some(Ticket {
+            Admit::Pass => One::Pass(Some(Ticket {
                 breaker: b,
                 key,
                 probe: false,
                 epoch: state.epoch,
             })),
-            Admit::FailFast { retry_after_ms } => Err(if state.phase == super::Phase::HalfOpen {
-                0
-            } else {
-                retry_after_ms
-            }),
-            Admit::TryProbe => match self.update(store, b, key, |s| s.claim_probe(spec, now_ms)) {
-                Ok((s, Ok(transition))) => {
-                    self.remember(b, key, s, now_ms);
-                    if let Some(t) = transition {
-                        events.push(Event {
-                            breaker: b,
-                            transition: t,
-                        });
-                    }
-                    Ok(Some(Ticket {
-                        breaker: b,
-                        key,
-                        probe: true,
-                        epoch: s.epoch,
-                    }))
-                }
-                Ok((s, Err(_))) => {
-                    self.remember(b, key, s, now_ms);
-                    Err(match s.admit(spec, now_ms) {
-                        Admit::FailFast { retry_after_ms } if s.phase == super::Phase::Open => {
-                            retry_after_ms
-                        }
-                        _ => 0,
-                    })
-                }
-                Err(_) => {
-                    self.store_failures += 1;
-                    if spec.failure_mode_deny {
-                        Err(1000)
-                    } else {
-                        Ok(None)
-                    }
-                }
+            Admit::FailFast { .. } if state.phase == super::Phase::HalfOpen => One::NoProbeLeft,
+            Admit::FailFast { retry_after_ms } => One::Open { retry_after_ms },
+            Admit::TryProbe => self.probe(store, now_ms, (b, key), spec, events),
+        }
+    }
+
+    /// Starts tracking a key if there is room; whether it is tracked.
+    fn track(&mut self, b: usize, key: u64, spec: &BreakerSpec, now_ms: u64) -> bool {
+        if self.local.contains_key(&(b, key)) {
+            return true;
+        }
+        let Some(n) = self.tracked.get_mut(b) else {
+            return false;
+        };
+        if *n >= spec.max_keys {
+            return false;
+        }
+        *n += 1;
+        self.local.insert(
+            (b, key),
+            Local {
+                state: State::new(),
+                fetched_ms: None,
+                pending: 0,
+                flushed_ms: now_ms,
             },
+        );
+        true
+    }
+
+    /// Re-reads a key's shared state if the cached one is `SYNC_MS` old;
+    /// `Err` when the store failed or the state is corrupt.
+    fn refresh(&mut self, store: &dyn Store, b: usize, key: u64, now_ms: u64) -> Result<(), ()> {
+        let stale = self.local.get(&(b, key)).is_some_and(|l| {
+            l.fetched_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= SYNC_MS)
+        });
+        if !stale {
+            return Ok(());
+        }
+        let fresh = match store.get(&self.shared_key(b, key)) {
+            Ok(Some(e)) => decode(&e.bytes).map_err(|_| ())?,
+            Ok(None) => State::new(),
+            Err(_) => return Err(()),
+        };
+        self.remember(b, key, fresh, now_ms);
+        Ok(())
+    }
+
+    /// Claims a probe of a half-open (or due) key across the VMs.
+    fn probe(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        (b, key): (usize, u64),
+        spec: &BreakerSpec,
+        events: &mut Vec<Event>,
+    ) -> One {
+        match self.update(store, b, key, |s| s.claim_probe(spec, now_ms)) {
+            Ok((s, Ok(transition))) => {
+                self.remember(b, key, s, now_ms);
+                if let Some(t) = transition {
+                    events.push(Event {
+                        breaker: b,
+                        transition: t,
+                    });
+                }
+                One::Pass(Some(Ticket {
+                    breaker: b,
+                    key,
+                    probe: true,
+                    epoch: s.epoch,
+                }))
+            }
+            Ok((s, Err(_))) => {
+                self.remember(b, key, s, now_ms);
+                match s.admit(spec, now_ms) {
+                    Admit::FailFast { retry_after_ms } if s.phase == super::Phase::Open => {
+                        One::Open { retry_after_ms }
+                    }
+                    _ => One::NoProbeLeft,
+                }
+            }
+            Err(_) => {
+                self.store_failures += 1;
+                One::store_down(spec)
+            }
         }
     }
 

@@ -15,7 +15,7 @@
 //! queued or in flight, a configuration replaced mid-stream); a request
 //! refused by one stage spends nothing in the others.
 
-mod stage;
+pub mod stage;
 pub mod telemetry;
 #[cfg(test)]
 mod tests;

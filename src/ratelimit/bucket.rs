@@ -99,12 +99,6 @@ impl BucketSpec {
             }
         }
     }
-
-    /// Undoes an admitted request's charge if nothing else touched the
-    /// state since: `charged` is the TAT we wrote, `before` the TAT we read.
-    pub fn refund(current: u128, charged: u128, before: u128) -> Option<u128> {
-        (current == charged).then_some(before)
-    }
 }
 
 #[cfg(test)]
@@ -180,12 +174,6 @@ mod tests {
             panic!()
         };
         assert!(!b.decide(new_tat, 50 * S, 1).allowed());
-    }
-
-    #[test]
-    fn refund_only_when_untouched() {
-        assert_eq!(BucketSpec::refund(7, 7, 3), Some(3));
-        assert_eq!(BucketSpec::refund(9, 7, 3), None);
     }
 
     #[test]

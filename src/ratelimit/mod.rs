@@ -305,41 +305,7 @@ impl Limiter {
         let spec = &self.rules.get(rule)?.spec;
         let mut reads = Vec::with_capacity(placement.count);
         for &slot in placement.slots() {
-            let key = self.slot_key(rule, slot);
-            let entry = if fresh {
-                store.get(&key)
-            } else {
-                store.get_for_update(&key)
-            };
-            let (cas, decoded, remembered) = match entry.ok()? {
-                Some(e) => (e.cas, Slot::decode(&e.bytes).ok(), e.remembered),
-                None => (
-                    None,
-                    Some(Slot {
-                        fingerprint: 0,
-                        tat: 0,
-                    }),
-                    false,
-                ),
-            };
-            // Corrupt state is rebuilt under the failure policy: a full
-            // bucket when failing open, an empty one when failing closed.
-            let corrupt = decoded.is_none();
-            let slot = decoded.unwrap_or(Slot {
-                fingerprint: 0,
-                tat: if self.failure_mode_deny {
-                    spec.bucket.empty_tat(now_ns)
-                } else {
-                    0
-                },
-            });
-            reads.push(Read {
-                key,
-                cas,
-                slot,
-                corrupt,
-                remembered,
-            });
+            reads.push(self.read_slot(store, rule, slot, now_ns, fresh)?);
         }
         let decision = reads
             .iter()
@@ -355,22 +321,7 @@ impl Limiter {
         let now = spec.bucket.scaled_now(now_ns);
         let collision =
             state.fingerprint != 0 && state.fingerprint != placement.tag() && state.tat > now;
-        let (result, wait_ns) = match outcome {
-            Outcome::Allow { .. } => (RuleResult::Allowed, 0),
-            Outcome::Deny { wait_ns, .. } if spec.shadow => (RuleResult::ShadowLimited, wait_ns),
-            Outcome::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
-        };
-        let report = RuleReport {
-            rule,
-            result,
-            cost,
-            remaining: outcome.remaining(),
-            full_in_ns: outcome.full_in_ns(),
-            wait_ns,
-            cas_retries: 0,
-            corrupt: reads.iter().any(|r| r.corrupt),
-            collision,
-        };
+        let report = Self::report(rule, spec.shadow, cost, &outcome, &reads, collision);
         Some(Pending {
             rule,
             placement,
@@ -383,6 +334,97 @@ impl Limiter {
         })
     }
 
+    /// Reads one slot; a corrupt slot is rebuilt under the failure policy:
+    /// a full bucket when failing open, an empty one when failing closed.
+    fn read_slot(
+        &self,
+        store: &dyn Store,
+        rule: usize,
+        slot: u32,
+        now_ns: u64,
+        fresh: bool,
+    ) -> Option<Read> {
+        let spec = &self.rules.get(rule)?.spec;
+        let key = self.slot_key(rule, slot);
+        let entry = if fresh {
+            store.get(&key)
+        } else {
+            store.get_for_update(&key)
+        };
+        let (cas, decoded, remembered) = match entry.ok()? {
+            Some(e) => (e.cas, Slot::decode(&e.bytes).ok(), e.remembered),
+            None => (
+                None,
+                Some(Slot {
+                    fingerprint: 0,
+                    tat: 0,
+                }),
+                false,
+            ),
+        };
+        let corrupt = decoded.is_none();
+        let slot = decoded.unwrap_or(Slot {
+            fingerprint: 0,
+            tat: if self.failure_mode_deny {
+                spec.bucket.empty_tat(now_ns)
+            } else {
+                0
+            },
+        });
+        Some(Read {
+            key,
+            cas,
+            slot,
+            corrupt,
+            remembered,
+        })
+    }
+
+    /// The report of a rule decided on `reads`.
+    fn report(
+        rule: usize,
+        shadow: bool,
+        cost: u64,
+        outcome: &Outcome,
+        reads: &[Read],
+        collision: bool,
+    ) -> RuleReport {
+        let (result, wait_ns) = match *outcome {
+            Outcome::Allow { .. } => (RuleResult::Allowed, 0),
+            Outcome::Deny { wait_ns, .. } if shadow => (RuleResult::ShadowLimited, wait_ns),
+            Outcome::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
+        };
+        RuleReport {
+            rule,
+            result,
+            cost,
+            remaining: outcome.remaining(),
+            full_in_ns: outcome.full_in_ns(),
+            wait_ns,
+            cas_retries: 0,
+            corrupt: reads.iter().any(|r| r.corrupt),
+            collision,
+        }
+    }
+
+    /// The rule whose store failure refuses the request, when failing
+    /// closed (shadow rules never refuse).
+    fn fail_closed(&self, reports: &[RuleReport]) -> Option<usize> {
+        if !self.failure_mode_deny {
+            return None;
+        }
+        let enforcing = |r: &&RuleReport| {
+            r.result == RuleResult::StoreFailure
+                && self.rules.get(r.rule).is_some_and(|rule| !rule.spec.shadow)
+        };
+        reports.iter().find(enforcing)?;
+        // As before: the first store failure names the rule.
+        reports
+            .iter()
+            .find(|r| r.result == RuleResult::StoreFailure)
+            .map(|r| r.rule)
+    }
+
     fn settle(
         &self,
         store: &dyn Store,
@@ -390,23 +432,12 @@ impl Limiter {
         mut pending: Vec<Pending>,
         mut reports: Vec<RuleReport>,
     ) -> Evaluation {
-        let fail_closed = |reports: &[RuleReport]| {
-            self.failure_mode_deny
-                && reports.iter().any(|r| {
-                    r.result == RuleResult::StoreFailure
-                        && self.rules.get(r.rule).is_some_and(|rule| !rule.spec.shadow)
-                })
-        };
         let mut i = 0;
         loop {
             if let Some(deny) = Self::refusal(&pending) {
                 return self.refuse(store, pending, reports, deny);
             }
-            if fail_closed(&reports) {
-                let rule = reports
-                    .iter()
-                    .find(|r| r.result == RuleResult::StoreFailure)
-                    .map_or(0, |r| r.rule);
+            if let Some(rule) = self.fail_closed(&reports) {
                 return self.refuse(store, pending, reports, Verdict::Deny { rule, wait_ns: 0 });
             }
             let Some(p) = pending.get_mut(i) else { break };
@@ -414,25 +445,23 @@ impl Limiter {
                 i += 1; // a shadow rule that would refuse is not charged
                 continue;
             }
-            let retries = match self.commit(store, p) {
+            let retry = match self.commit(store, p) {
                 Commit::Done => {
                     i += 1;
                     continue;
                 }
                 // A remembered value out of date is not a conflict with a
                 // concurrent request: read it and decide again, uncounted.
-                Commit::Stale => p.report.cas_retries,
+                Commit::Stale => Some(p.report.cas_retries),
                 Commit::Conflict if p.report.cas_retries < self.max_retries => {
-                    p.report.cas_retries + 1
+                    Some(p.report.cas_retries + 1)
                 }
-                Commit::Conflict | Commit::Failed => {
-                    let r = self.failure_report(p.rule, p.cost, p.report.cas_retries);
-                    reports.push(r);
-                    pending.remove(i);
-                    continue;
-                }
+                Commit::Conflict | Commit::Failed => None,
             };
-            match self.read(store, p.rule, p.placement, p.cost, now_ns, true) {
+            let retries = retry.unwrap_or(p.report.cas_retries);
+            let fresh =
+                retry.and_then(|_| self.read(store, p.rule, p.placement, p.cost, now_ns, true));
+            match fresh {
                 Some(mut fresh) => {
                     fresh.report.cas_retries = retries;
                     *p = fresh;

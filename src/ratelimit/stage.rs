@@ -4,8 +4,8 @@
 use super::reply::{action, Action, PolicyInfo};
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Config, ConfigError, ResponseSpec};
+use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
-use crate::pipeline::{Cx, Decision, Stage, Step, StreamId};
 use crate::request::RequestView;
 use log::info;
 

@@ -7,8 +7,8 @@
 use super::{Arrival, Class, Shedders, Wake};
 use crate::config::{Config, ConfigError};
 use crate::hash::FastMap;
+use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
-use crate::pipeline::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use log::{debug, warn};
