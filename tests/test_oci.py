@@ -6,7 +6,9 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,6 +70,10 @@ def test_manifest_config_and_layer(layout):
     assert manifest["mediaType"] == MANIFEST_TYPE
     assert manifest["config"]["mediaType"] == CONFIG_TYPE
     assert [lyr["mediaType"] for lyr in manifest["layers"]] == [LAYER_TYPE]
+    # The Wasm image spec's compat variant: with an OCI tar+gzip layer, the
+    # manifest itself must carry this annotation.
+    assert manifest["annotations"]["module.wasm.image/variant"] == "compat"
+    assert manifest["annotations"]["org.opencontainers.image.version"] == "9.9.9"
 
     layer = blob(out, manifest["layers"][0])
     tar_bytes = gzip.decompress(layer)
@@ -109,6 +115,64 @@ def test_reproducible(tmp_path, layout):
     assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
     for f in files:
         assert (out / f).read_bytes() == (again / f).read_bytes(), f
+
+
+# --- the default tag: version and commit ---
+
+def git(cwd, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CEILING_DIRECTORIES"] = str(Path(cwd).parent)
+    p = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def default_tag_in(project, out):
+    """Runs a copy of scripts/oci.py in `project` without --tag; returns the
+    tag it wrote into the layout (index ref name and manifest annotation)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CEILING_DIRECTORIES"] = str(project.parent)
+    p = subprocess.run([sys.executable, str(project / "scripts/oci.py"), "--wasm", str(WASM), "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    desc = json.loads((out / "index.json").read_text())["manifests"][0]
+    tag = desc["annotations"]["org.opencontainers.image.ref.name"]
+    manifest = json.loads(blob(out, desc))
+    assert manifest["annotations"]["org.opencontainers.image.version"] == tag
+    assert f"(tag {tag})" in p.stdout
+    return tag
+
+
+def test_default_tag_is_version_and_commit(tmp_path):
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts/oci.py", project / "scripts/oci.py")
+    (project / "Cargo.toml").write_text('[package]\nname = "sluice"\nversion = "3.4.5"\n')
+
+    # Outside git: the version alone.
+    assert default_tag_in(project, tmp_path / "a") == "3.4.5"
+
+    git(project, "init", "-q")
+    git(project, "add", "Cargo.toml", "scripts/oci.py")
+    git(project, "commit", "-q", "-m", "one")
+    sha = git(project, "rev-parse", "--short", "HEAD")
+    assert re.fullmatch(r"[0-9a-f]{7,}", sha)
+    assert default_tag_in(project, tmp_path / "b") == f"3.4.5-{sha}"
+
+    # An untracked file (build output, say) leaves the tree clean...
+    (project / "notes.txt").write_text("x")
+    assert default_tag_in(project, tmp_path / "c") == f"3.4.5-{sha}"
+    # ...an uncommitted change to a tracked file does not.
+    with open(project / "Cargo.toml", "a") as f:
+        f.write("# changed\n")
+    assert default_tag_in(project, tmp_path / "d") == f"3.4.5-{sha}-dirty"
+
+    # A new commit, a new tag.
+    git(project, "commit", "-q", "-am", "two")
+    sha2 = git(project, "rev-parse", "--short", "HEAD")
+    assert sha2 != sha
+    assert default_tag_in(project, tmp_path / "e") == f"3.4.5-{sha2}"
 
 
 def test_makefile_has_oci_target():
