@@ -16,7 +16,9 @@ WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
 all: build
 
+# Node.js: wasm-bindgen-test-runner runs the wasm32 tests in it (test-wasm32).
 deps: $(ENVOY) $(WBG_RUNNER) .tools/targets
+	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs)
 
 .tools/targets:
 	rustup target add wasm32-wasip1 wasm32-unknown-unknown
