@@ -36,8 +36,16 @@ build: .tools/targets
 	python3 scripts/strip_exports.py $(WASM)
 	@ls -l $(WASM) | awk '{print "sluice.wasm: " $$5 " bytes"}'
 
+# The demo (envoy/envoy.yaml in front of envoy/upstream.yaml) on these ports:
+# e.g. make run PORT=20000 ADMIN_PORT=20001 UPSTREAM_PORT=20002
+PORT                ?= 10000
+ADMIN_PORT          ?= 9901
+UPSTREAM_PORT       ?= 10001
+UPSTREAM_ADMIN_PORT ?= 9902
+DEMO_PORTS = PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) UPSTREAM_ADMIN_PORT=$(UPSTREAM_ADMIN_PORT)
+
 run: build $(ENVOY)
-	ENVOY=$(ENVOY) scripts/run.sh
+	ENVOY=$(ENVOY) $(DEMO_PORTS) scripts/run.sh
 
 test: lint test-core test-wasm32 test-e2e
 
