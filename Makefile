@@ -47,6 +47,14 @@ DEMO_PORTS = PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT
 run: build $(ENVOY)
 	ENVOY=$(ENVOY) $(DEMO_PORTS) scripts/run.sh
 
+# The same demo in local Envoy containers, as examples/compose runs them: a
+# FROM scratch image with the venv's Envoy, a private Docker daemon (host
+# network, no bridge), everything removed on Ctrl-C. Same ports as run.
+.PHONY: run-container
+run-container: build $(ENVOY) container-deps
+	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
+	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
+
 test: lint test-core test-wasm32 test-e2e
 
 test-core:
@@ -55,8 +63,14 @@ test-core:
 test-wasm32: deps
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
 
-test-e2e: build $(ENVOY)
+test-e2e: build $(ENVOY) container-deps
 	$(PY) -m pytest tests -v
+
+# Debian's docker.io (dockerd, containerd, runc, the docker client):
+# tests/test_container.py and make run-container start a private daemon.
+.PHONY: container-deps
+container-deps:
+	@command -v dockerd >/dev/null || (apt-get update && apt-get install -y docker.io)
 
 lint: .tools/targets
 	cargo fmt --check

@@ -187,25 +187,11 @@ COMPOSE = ROOT / "examples/compose/docker-compose.yaml"
 
 
 def compose_services():
-    """{service: {"image", "working_dir", "config", "volumes": [(host, container)]}}
-    from the compose file (the simple shape it is written in)."""
-    services, current = {}, None
-    for line in COMPOSE.read_text().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        m = re.match(r"^  ([a-z][a-z0-9_-]*):\s*$", line)
-        if m:
-            current = services.setdefault(m.group(1), {"volumes": []})
-            continue
-        if current is None:
-            continue
-        if m := re.match(r"^    (image|working_dir|network_mode):\s*(\S+)", line):
-            current[m.group(1)] = m.group(2)
-        elif m := re.match(r"^    - (\S+?):(/\S+?)(:ro)?$", line):
-            current["volumes"].append((m.group(1), m.group(2)))
-        elif m := re.search(r'"-c", "(/[^"]+)"', line):
-            current["config"] = m.group(1)
-    return services
+    """The compose file as scripts/container.py reads it (the same reader
+    `make run-container` and tests/test_container.py use)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import container
+    return container.compose_services(COMPOSE), container.option
 
 
 def envoy_bootstraps_under_examples():
@@ -214,7 +200,7 @@ def envoy_bootstraps_under_examples():
 
 
 def test_compose_layout_validates_in_envoy(tmp_path):
-    services = compose_services()
+    services, option = compose_services()
     assert set(services) == {"upstream", "envoy"}
     checked = []
     for name, svc in services.items():
@@ -222,14 +208,15 @@ def test_compose_layout_validates_in_envoy(tmp_path):
         assert svc["network_mode"] == "host", "envoy/*.yaml talk over 127.0.0.1"
         # Rebuild the container's file system view under tmp_path.
         root = tmp_path / name
-        for host, container in svc["volumes"]:
+        for host, container, _mode in svc["volumes"]:
             src = (COMPOSE.parent / host).resolve()
             assert src.exists(), f"{name}: mounted {host} does not exist (run make build)"
             dst = root / container.lstrip("/")
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(src)
-        config = root / svc["config"].lstrip("/")
-        assert config.exists(), f"{name}: -c {svc['config']} is not mounted"
+        config_path = option(svc["command"], "-c")
+        config = root / config_path.lstrip("/")
+        assert config.exists(), f"{name}: -c {config_path} is not mounted"
         cwd = root / svc["working_dir"].lstrip("/")
         cwd.mkdir(parents=True, exist_ok=True)
         p = subprocess.run([ENVOY, "--mode", "validate", "-c", str(config), "--base-id", str(next_base_id())],
