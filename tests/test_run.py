@@ -237,3 +237,25 @@ def test_run_reports_an_envoy_that_exits(tmp_path):
     finally:
         other.terminate()
         other.wait(10)
+
+
+def test_run_reports_an_envoy_that_dies_while_running(tmp_path):
+    """The front Envoy killed under it (the OOM killer, say): run.sh says
+    so, stops the upstream, cleans up and fails."""
+    chosen = ports()
+    with RunSh(chosen, tmp_path / "tmp") as run:
+        run.wait_for(r"Press Ctrl-C", timeout=60)
+        front = [pid for pid in group_members(run.pgid)
+                 if "envoy.yaml" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                 and "tee" not in Path(f"/proc/{pid}/comm").read_text()]
+        assert len(front) == 1, front
+        os.kill(front[0], signal.SIGKILL)
+        rc = run.finish(timeout=20)
+        out = run.output()
+        assert rc != 0, out
+        assert "make run: the front Envoy exited (status 137)" in out, out
+        assert "--- last lines of the front Envoy's log:" in out, out
+        assert group_members(run.pgid) == []
+        assert run.left_behind() == []
+    for var, port in chosen.items():
+        assert port_free(port), f"{var} {port} still bound"
