@@ -16,7 +16,9 @@ WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
 all: build
 
+# Node.js: wasm-bindgen-test-runner runs the wasm32 tests in it (test-wasm32).
 deps: $(ENVOY) $(WBG_RUNNER) .tools/targets
+	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs)
 
 .tools/targets:
 	rustup target add wasm32-wasip1 wasm32-unknown-unknown
@@ -34,8 +36,24 @@ build: .tools/targets
 	python3 scripts/strip_exports.py $(WASM)
 	@ls -l $(WASM) | awk '{print "sluice.wasm: " $$5 " bytes"}'
 
+# The demo (envoy/envoy.yaml in front of envoy/upstream.yaml) on these ports:
+# e.g. make run PORT=20000 ADMIN_PORT=20001 UPSTREAM_PORT=20002
+PORT                ?= 10000
+ADMIN_PORT          ?= 9901
+UPSTREAM_PORT       ?= 10001
+UPSTREAM_ADMIN_PORT ?= 9902
+DEMO_PORTS = PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) UPSTREAM_ADMIN_PORT=$(UPSTREAM_ADMIN_PORT)
+
 run: build $(ENVOY)
-	ENVOY=$(ENVOY) scripts/run.sh
+	ENVOY=$(ENVOY) $(DEMO_PORTS) scripts/run.sh
+
+# The same demo in local Envoy containers, as examples/compose runs them: a
+# FROM scratch image with the venv's Envoy, a private Docker daemon (host
+# network, no bridge), everything removed on Ctrl-C. Same ports as run.
+.PHONY: run-container
+run-container: build $(ENVOY) container-deps
+	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
+	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
 
 test: lint test-core test-wasm32 test-e2e
 
@@ -45,8 +63,14 @@ test-core:
 test-wasm32: deps
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
 
-test-e2e: build $(ENVOY)
+test-e2e: build $(ENVOY) container-deps
 	$(PY) -m pytest tests -v
+
+# Debian's docker.io (dockerd, containerd, runc, the docker client):
+# tests/test_container.py and make run-container start a private daemon.
+.PHONY: container-deps
+container-deps:
+	@command -v dockerd >/dev/null || (apt-get update && apt-get install -y docker.io)
 
 lint: .tools/targets
 	cargo fmt --check

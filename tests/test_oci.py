@@ -6,7 +6,9 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,6 +70,10 @@ def test_manifest_config_and_layer(layout):
     assert manifest["mediaType"] == MANIFEST_TYPE
     assert manifest["config"]["mediaType"] == CONFIG_TYPE
     assert [lyr["mediaType"] for lyr in manifest["layers"]] == [LAYER_TYPE]
+    # The Wasm image spec's compat variant: with an OCI tar+gzip layer, the
+    # manifest itself must carry this annotation.
+    assert manifest["annotations"]["module.wasm.image/variant"] == "compat"
+    assert manifest["annotations"]["org.opencontainers.image.version"] == "9.9.9"
 
     layer = blob(out, manifest["layers"][0])
     tar_bytes = gzip.decompress(layer)
@@ -111,6 +117,64 @@ def test_reproducible(tmp_path, layout):
         assert (out / f).read_bytes() == (again / f).read_bytes(), f
 
 
+# --- the default tag: version and commit ---
+
+def git(cwd, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CEILING_DIRECTORIES"] = str(Path(cwd).parent)
+    p = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def default_tag_in(project, out):
+    """Runs a copy of scripts/oci.py in `project` without --tag; returns the
+    tag it wrote into the layout (index ref name and manifest annotation)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CEILING_DIRECTORIES"] = str(project.parent)
+    p = subprocess.run([sys.executable, str(project / "scripts/oci.py"), "--wasm", str(WASM), "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    desc = json.loads((out / "index.json").read_text())["manifests"][0]
+    tag = desc["annotations"]["org.opencontainers.image.ref.name"]
+    manifest = json.loads(blob(out, desc))
+    assert manifest["annotations"]["org.opencontainers.image.version"] == tag
+    assert f"(tag {tag})" in p.stdout
+    return tag
+
+
+def test_default_tag_is_version_and_commit(tmp_path):
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts/oci.py", project / "scripts/oci.py")
+    (project / "Cargo.toml").write_text('[package]\nname = "sluice"\nversion = "3.4.5"\n')
+
+    # Outside git: the version alone.
+    assert default_tag_in(project, tmp_path / "a") == "3.4.5"
+
+    git(project, "init", "-q")
+    git(project, "add", "Cargo.toml", "scripts/oci.py")
+    git(project, "commit", "-q", "-m", "one")
+    sha = git(project, "rev-parse", "--short", "HEAD")
+    assert re.fullmatch(r"[0-9a-f]{7,}", sha)
+    assert default_tag_in(project, tmp_path / "b") == f"3.4.5-{sha}"
+
+    # An untracked file (build output, say) leaves the tree clean...
+    (project / "notes.txt").write_text("x")
+    assert default_tag_in(project, tmp_path / "c") == f"3.4.5-{sha}"
+    # ...an uncommitted change to a tracked file does not.
+    with open(project / "Cargo.toml", "a") as f:
+        f.write("# changed\n")
+    assert default_tag_in(project, tmp_path / "d") == f"3.4.5-{sha}-dirty"
+
+    # A new commit, a new tag.
+    git(project, "commit", "-q", "-am", "two")
+    sha2 = git(project, "rev-parse", "--short", "HEAD")
+    assert sha2 != sha
+    assert default_tag_in(project, tmp_path / "e") == f"3.4.5-{sha2}"
+
+
 def test_makefile_has_oci_target():
     text = (ROOT / "Makefile").read_text()
     assert "\noci: build\n" in text
@@ -123,25 +187,11 @@ COMPOSE = ROOT / "examples/compose/docker-compose.yaml"
 
 
 def compose_services():
-    """{service: {"image", "working_dir", "config", "volumes": [(host, container)]}}
-    from the compose file (the simple shape it is written in)."""
-    services, current = {}, None
-    for line in COMPOSE.read_text().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        m = re.match(r"^  ([a-z][a-z0-9_-]*):\s*$", line)
-        if m:
-            current = services.setdefault(m.group(1), {"volumes": []})
-            continue
-        if current is None:
-            continue
-        if m := re.match(r"^    (image|working_dir|network_mode):\s*(\S+)", line):
-            current[m.group(1)] = m.group(2)
-        elif m := re.match(r"^    - (\S+?):(/\S+?)(:ro)?$", line):
-            current["volumes"].append((m.group(1), m.group(2)))
-        elif m := re.search(r'"-c", "(/[^"]+)"', line):
-            current["config"] = m.group(1)
-    return services
+    """The compose file as scripts/container.py reads it (the same reader
+    `make run-container` and tests/test_container.py use)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import container
+    return container.compose_services(COMPOSE), container.option
 
 
 def envoy_bootstraps_under_examples():
@@ -150,7 +200,7 @@ def envoy_bootstraps_under_examples():
 
 
 def test_compose_layout_validates_in_envoy(tmp_path):
-    services = compose_services()
+    services, option = compose_services()
     assert set(services) == {"upstream", "envoy"}
     checked = []
     for name, svc in services.items():
@@ -158,14 +208,15 @@ def test_compose_layout_validates_in_envoy(tmp_path):
         assert svc["network_mode"] == "host", "envoy/*.yaml talk over 127.0.0.1"
         # Rebuild the container's file system view under tmp_path.
         root = tmp_path / name
-        for host, container in svc["volumes"]:
+        for host, container, _mode in svc["volumes"]:
             src = (COMPOSE.parent / host).resolve()
             assert src.exists(), f"{name}: mounted {host} does not exist (run make build)"
             dst = root / container.lstrip("/")
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(src)
-        config = root / svc["config"].lstrip("/")
-        assert config.exists(), f"{name}: -c {svc['config']} is not mounted"
+        config_path = option(svc["command"], "-c")
+        config = root / config_path.lstrip("/")
+        assert config.exists(), f"{name}: -c {config_path} is not mounted"
         cwd = root / svc["working_dir"].lstrip("/")
         cwd.mkdir(parents=True, exist_ok=True)
         p = subprocess.run([ENVOY, "--mode", "validate", "-c", str(config), "--base-id", str(next_base_id())],

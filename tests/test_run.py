@@ -1,0 +1,261 @@
+"""`make run` (scripts/run.sh) as a person meets it: it says it is running
+only when the front Envoy answers through its own listener, it limits, it
+stops everything on Ctrl-C, and it fails at once, naming the port, when a
+port is taken, or with Envoy's last log lines when an Envoy exits."""
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from harness import ENVOY, ROOT, free_port, upstream_bootstrap
+
+RUN = ROOT / "scripts/run.sh"
+
+
+def ports():
+    chosen = {}
+    while len(set(chosen.values())) < 4:
+        chosen = {v: free_port() for v in ("PORT", "ADMIN_PORT", "UPSTREAM_PORT", "UPSTREAM_ADMIN_PORT")}
+    return chosen
+
+
+class RunSh:
+    """scripts/run.sh as a child in its own process group (so that
+    everything it started can be found, and killed if the test fails), its
+    output collected line by line."""
+
+    def __init__(self, chosen, tmpdir):
+        """`tmpdir`: run.sh's TMPDIR, to check that it leaves nothing there."""
+        self.tmpdir = Path(tmpdir)
+        self.tmpdir.mkdir(exist_ok=True)
+        self.env = dict(os.environ, ENVOY=ENVOY, TMPDIR=str(tmpdir), **{k: str(v) for k, v in chosen.items()})
+        self.lines = queue.Queue()
+        self.out = []
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(["bash", str(RUN)], cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.pgid = self.proc.pid
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, pattern, timeout):
+        """The first output line matching `pattern`, or fail after `timeout` s."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.out.append(line)
+            if re.search(pattern, line):
+                return line
+        pytest.fail(f"no line matching {pattern!r} within {timeout}s:\n" + self.output()[-4000:])
+
+    def finish(self, timeout):
+        """Exit status, waiting at most `timeout` s; all output collected."""
+        rc = self.proc.wait(timeout)
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.out.append(line)
+        return rc
+
+    def output(self):
+        return "".join(self.out)
+
+    def left_behind(self):
+        return sorted(p.name for p in self.tmpdir.iterdir())
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (nothing, if run.sh did its job).
+        for pid in group_members(self.pgid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+def group_members(pgid):
+    """Live (not zombie) processes in the process group."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def get(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_run_serves_limits_and_stops_on_ctrl_c(tmp_path):
+    chosen = ports()
+    with RunSh(chosen, tmp_path / "tmp") as run:
+        line = run.wait_for(r"sluice is running", timeout=60)
+        assert f"http://127.0.0.1:{chosen['PORT']}" in line
+        assert f"admin: http://127.0.0.1:{chosen['ADMIN_PORT']}" in line
+        tmp = re.search(r"in (/\S+sluice-run\.\w+)", run.wait_for(r"^Configuration:", timeout=5)).group(1)
+        assert Path(tmp, "envoy.yaml").exists() and Path(tmp).parent == tmp_path / "tmp"
+        run.wait_for(r"Press Ctrl-C", timeout=5)
+
+        # The demo bucket: 10 at once per client address, 1 per second. The
+        # readiness probe came from another address, so all 10 are left.
+        t0 = time.time()
+        got = [get(chosen["PORT"]) for _ in range(20)]
+        elapsed = time.time() - t0
+        codes = [c for c, _ in got]
+        assert codes[:10] == [200] * 10 and codes[-1] == 429 and set(codes) == {200, 429}, codes
+        # Beyond the burst, only what refilled meanwhile (1 per second).
+        assert codes.count(200) <= 10 + int(elapsed) + 1, (codes, elapsed)
+        assert "retry-after" in got[-1][1], got[-1][1]
+        # The admin port is this Envoy's: it counts what sluice did.
+        with urllib.request.urlopen(f"http://127.0.0.1:{chosen['ADMIN_PORT']}/stats/prometheus", timeout=5) as r:
+            assert "sluice_rl_limited" in r.read().decode()
+
+        pids = group_members(run.pgid)
+        assert len(pids) >= 3, pids  # run.sh and two Envoys (and their tees)
+
+        run.proc.send_signal(signal.SIGINT)
+        assert run.finish(timeout=20) == 0, run.output()[-3000:]
+        assert run.output().rstrip().endswith("stopped")
+        deadline = time.time() + 5
+        while group_members(run.pgid) and time.time() < deadline:
+            time.sleep(0.05)
+        assert group_members(run.pgid) == [], "processes left behind"
+        for var, port in chosen.items():
+            assert port_free(port), f"{var} {port} still bound"
+        assert run.left_behind() == [], "the rendered configuration was not removed"
+
+
+@pytest.mark.parametrize("var", ["PORT", "ADMIN_PORT", "UPSTREAM_PORT"])
+def test_run_fails_fast_naming_a_taken_port(var, tmp_path):
+    chosen = ports()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", chosen[var]))
+        squatter.listen(8)
+        start = time.time()
+        with RunSh(chosen, tmp_path / "tmp") as run:
+            rc = run.finish(timeout=15)
+            took = time.time() - start
+            out = run.output()
+            assert rc != 0, out
+            assert took < 5, f"took {took:.1f}s:\n{out}"
+            assert f"port {chosen[var]} ({var}:" in out, out
+            assert "already in use" in out and f"make run {var}=" in out, out
+            assert "running" not in out, out
+            assert group_members(run.pgid) == []
+            assert run.left_behind() == []
+
+
+def test_run_reports_an_envoy_that_exits(tmp_path):
+    """Another Envoy holds the hot-restart base id run.sh gives the front
+    Envoy (its listener port): the front Envoy exits at start, and run.sh
+    says so with the Envoy's own words, fast, instead of "running"."""
+    chosen = ports()
+    admin = free_port()
+    cfg = tmp_path / "other.json"
+    cfg.write_text(json.dumps(upstream_bootstrap(free_port(), admin)))
+    with open(tmp_path / "other.log", "w") as log:
+        other = subprocess.Popen([ENVOY, "-c", str(cfg), "--base-id", str(chosen["PORT"]), "--concurrency", "1",
+                                  "-l", "warn"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while True:
+            assert other.poll() is None, (tmp_path / "other.log").read_text()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "the other Envoy did not become ready"
+                time.sleep(0.05)
+        start = time.time()
+        with RunSh(chosen, tmp_path / "tmp") as run:
+            rc = run.finish(timeout=40)
+            took = time.time() - start
+            out = run.output()
+            assert group_members(run.pgid) == []
+            assert run.left_behind() == []
+        assert rc != 0, out
+        assert took < 20, f"took {took:.1f}s"
+        assert "sluice is running" not in out
+        assert re.search(r"make run: the front Envoy exited \(status [1-9]\d*\) before it was ready", out), out
+        tail = out.split("--- last lines of the front Envoy's log:", 1)[1]
+        assert "base_id" in tail or "base-id" in tail, out
+    finally:
+        other.terminate()
+        other.wait(10)
+
+
+def test_run_reports_an_envoy_that_dies_while_running(tmp_path):
+    """The front Envoy killed under it (the OOM killer, say): run.sh says
+    so, stops the upstream, cleans up and fails."""
+    chosen = ports()
+    with RunSh(chosen, tmp_path / "tmp") as run:
+        run.wait_for(r"Press Ctrl-C", timeout=60)
+        front = [pid for pid in group_members(run.pgid)
+                 if "envoy.yaml" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                 and "tee" not in Path(f"/proc/{pid}/comm").read_text()]
+        assert len(front) == 1, front
+        os.kill(front[0], signal.SIGKILL)
+        rc = run.finish(timeout=20)
+        out = run.output()
+        assert rc != 0, out
+        assert "make run: the front Envoy exited (status 137)" in out, out
+        assert "--- last lines of the front Envoy's log:" in out, out
+        assert group_members(run.pgid) == []
+        assert run.left_behind() == []
+    for var, port in chosen.items():
+        assert port_free(port), f"{var} {port} still bound"
