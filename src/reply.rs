@@ -44,6 +44,16 @@ pub fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
 }
 
+/// Whether Envoy treats the request as gRPC: a `content-type` of exactly
+/// `application/grpc`, or starting with `application/grpc+` (Envoy's
+/// `Grpc::Common::hasGrpcContentType`; `application/grpc-web...` is not).
+pub fn is_grpc_content_type(v: &[u8]) -> bool {
+    match v.strip_prefix(b"application/grpc") {
+        Some(rest) => rest.is_empty() || rest.first() == Some(&b'+'),
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +83,24 @@ mod tests {
             .collect();
         assert!(values.len() >= 5, "{values:?}");
         assert_eq!(retry_after_secs(S / 2, 0, &mut rng), 1);
+    }
+
+    #[test]
+    fn grpc_is_recognised_exactly_as_envoy_does() {
+        for ct in ["application/grpc", "application/grpc+proto", "application/grpc+json"] {
+            assert!(is_grpc_content_type(ct.as_bytes()), "{ct}");
+        }
+        for ct in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpc-web-text",
+            "application/grpc;charset=utf-8",
+            "application/grpcx",
+            "Application/grpc",
+            "application/json",
+            "",
+        ] {
+            assert!(!is_grpc_content_type(ct.as_bytes()), "{ct}");
+        }
     }
 }

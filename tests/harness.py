@@ -240,11 +240,12 @@ class Pair:
 class Stack(Pair):
     """An upstream Envoy and a front Envoy with sluice, started together."""
 
-    def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=()):
+    def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=(),
+                 filters_before=None):
         self.port = free_port()
         self.upstream_port = free_port()
         self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
-        filters = [wasm_filter(plugin_config)] + (extra_filters or [])
+        filters = (filters_before or []) + [wasm_filter(plugin_config)] + (extra_filters or [])
         clusters = [(n, p or self.upstream_port) for n, p in extra_clusters]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters, routes, clusters)
         self.front = Envoy(boot, concurrency, log_level)

@@ -1,39 +1,89 @@
 //! Sending a local reply on the current stream (the effective context).
+//!
+//! One host call serves HTTP and gRPC alike: `proxy_send_local_response`
+//! with the refusal's HTTP status and its gRPC status. Envoy itself then
+//! decides, by its own rule, whether the request is gRPC: a gRPC request
+//! gets a trailers-only gRPC error (HTTP 200, `grpc-status`, the body as
+//! `grpc-message`), any other request the HTTP status. So a refusal can
+//! never come out as a bare 200, whatever the content type. sluice applies
+//! the same rule only to choose the body: the JSON document, or the gRPC
+//! message.
+//!
+//! The SDK's `send_http_response` and `send_grpc_response` panic (killing
+//! the VM) when Envoy refuses the call, and neither passes both statuses:
+//! this module calls the host directly.
 
 use super::views::HostRequest;
-use crate::reply::{Rejection, GRPC_UNAVAILABLE};
+use crate::reply::{is_grpc_content_type, Rejection};
 use crate::request::RequestView;
-use log::debug;
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::GrpcStatusCode;
+use log::{debug, warn};
+use proxy_wasm::types::Status;
 
-fn is_grpc() -> bool {
-    HostRequest::default()
-        .header("content-type")
-        .is_some_and(|v| v.starts_with(b"application/grpc"))
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> Status;
 }
 
-/// Answers the current stream with a local reply: a gRPC error for gRPC
-/// requests, else the reply's status, headers and JSON body.
+/// The header map in the proxy-wasm wire format: the count, each name's
+/// and value's length, then each name and value followed by a NUL.
+fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let size = 4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Answers the current stream with a local reply.
 pub fn send(r: &Rejection, reason_header: Option<&str>) {
     debug!("sluice: refused: {}", r.body);
     let mut pairs: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     if let Some(name) = reason_header {
         pairs.push((name, r.reason.as_str()));
     }
-    let result = if is_grpc() {
-        let meta: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-        let code = if r.grpc_status == GRPC_UNAVAILABLE {
-            GrpcStatusCode::Unavailable
-        } else {
-            GrpcStatusCode::ResourceExhausted
-        };
-        hostcalls::send_grpc_response(code, Some(&r.grpc_message), meta)
+    let grpc = HostRequest::default()
+        .header("content-type")
+        .is_some_and(|v| is_grpc_content_type(&v));
+    let body = if grpc {
+        r.grpc_message.as_bytes()
     } else {
         pairs.push(("content-type", "application/json"));
-        hostcalls::send_http_response(r.status, pairs, Some(r.body.as_bytes()))
+        r.body.as_bytes()
     };
-    if let Err(e) = result {
-        log::warn!("sluice: could not send the local reply: {e:?}");
+    let headers = serialize(&pairs);
+    let grpc_status = i32::try_from(r.grpc_status).unwrap_or(2); // 2: UNKNOWN
+    // SAFETY: every pointer and length describes a live slice for the call.
+    let status = unsafe {
+        proxy_send_local_response(
+            r.status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            grpc_status,
+        )
+    };
+    if status != Status::Ok {
+        warn!("sluice: could not send the local reply: {status:?}");
     }
 }
