@@ -87,7 +87,11 @@ mod tests {
 
     #[test]
     fn grpc_is_recognised_exactly_as_envoy_does() {
-        for ct in ["application/grpc", "application/grpc+proto", "application/grpc+json"] {
+        for ct in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc+json",
+        ] {
             assert!(is_grpc_content_type(ct.as_bytes()), "{ct}");
         }
         for ct in [

@@ -36,7 +36,10 @@ extern "C" {
 /// The header map in the proxy-wasm wire format: the count, each name's
 /// and value's length, then each name and value followed by a NUL.
 fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let size = 4 + pairs.iter().map(|(k, v)| k.len() + v.len() + 10).sum::<usize>();
+    let size = 4 + pairs
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 10)
+        .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
     for (k, v) in pairs {
@@ -69,7 +72,8 @@ pub fn send(r: &Rejection, reason_header: Option<&str>) {
         r.body.as_bytes()
     };
     let headers = serialize(&pairs);
-    let grpc_status = i32::try_from(r.grpc_status).unwrap_or(2); // 2: UNKNOWN
+    // gRPC statuses are 0 to 16; 2 is UNKNOWN.
+    let grpc_status = i32::try_from(r.grpc_status).unwrap_or(2);
     // SAFETY: every pointer and length describes a live slice for the call.
     let status = unsafe {
         proxy_send_local_response(
