@@ -19,6 +19,12 @@ BAD = [
     ('{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"fortnight"}}]}', "rate_limits[0].bucket.period: `fortnight`"),
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"max_keys":0}]}', "rate_limits[0].max_keys: must be greater than 0"),
     ("not json", "invalid configuration: the configuration must be a JSON object"),
+    # Strict: nothing after the object, and an object wherever the docs say one.
+    ('{"rate_limits":[{"name":"a",' + BUCKET + '}]} trailing', "unexpected data after the configuration object"),
+    ('{"rate_limits":[]}{"rate_limits":[{"name":"a",' + BUCKET + '}]}', "unexpected data after the configuration object"),
+    ('{"response":[429]}', "invalid configuration: response: invalid type: sequence, expected a JSON object"),
+    ('{"rate_limits":[{"name":"a","bucket":[3,"2s",4]}]}', "rate_limits[0].bucket: invalid type: sequence, expected a JSON object"),
+    ('{"rate_limits":[["a",null,[],"skip",{"rate":1,"period":"1s"}]]}', "rate_limits[0]: invalid type: sequence, expected a JSON object"),
 ]
 
 

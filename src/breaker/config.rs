@@ -3,6 +3,7 @@
 
 use crate::config::fields::{
     check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
+    Strict,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
@@ -107,11 +108,11 @@ pub struct BreakerSpec {
 pub struct RawBreaker {
     name: String,
     #[serde(default, rename = "match")]
-    matcher: Option<RawMatch>,
+    matcher: Option<Strict<RawMatch>>,
     #[serde(default)]
     key: BreakerKey,
     #[serde(default)]
-    failure: Option<RawFailure>,
+    failure: Option<Strict<RawFailure>>,
     #[serde(default)]
     error_rate: Option<f64>,
     #[serde(default)]
@@ -121,9 +122,9 @@ pub struct RawBreaker {
     #[serde(default)]
     consecutive_failures: Option<i64>,
     #[serde(default)]
-    open: Option<RawOpen>,
+    open: Option<Strict<RawOpen>>,
     #[serde(default)]
-    half_open: Option<RawHalfOpen>,
+    half_open: Option<Strict<RawHalfOpen>>,
     #[serde(default)]
     status: Option<i64>,
     #[serde(default)]
@@ -200,17 +201,21 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
         BreakerKey::Header(h) => BreakerKey::Header(header_name(&format!("{at}.key.header"), &h)?),
         k => k,
     };
-    let (open_base_ms, open_max_ms, open_multiplier) = open_periods(at, raw.open)?;
-    let half = raw.half_open.unwrap_or(RawHalfOpen {
-        probes: None,
-        successes_to_close: None,
-        probe_timeout: None,
-    });
+    let (open_base_ms, open_max_ms, open_multiplier) =
+        open_periods(at, raw.open.map(Strict::into_inner))?;
+    let half = raw
+        .half_open
+        .map(Strict::into_inner)
+        .unwrap_or(RawHalfOpen {
+            probes: None,
+            successes_to_close: None,
+            probe_timeout: None,
+        });
     let consecutive = format!("{at}.consecutive_failures");
     Ok(BreakerSpec {
-        matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
+        matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
         key,
-        failure: failure(at, raw.failure)?,
+        failure: failure(at, raw.failure.map(Strict::into_inner))?,
         error_rate_permille: error_rate(at, raw.error_rate)?,
         window_ms: millis(format!("{at}.window"), raw.window, "10s")?,
         min_requests: count(

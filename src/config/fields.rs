@@ -9,8 +9,10 @@
 
 use crate::duration::{parse_duration, NS_PER_MS};
 use crate::matcher::{HeaderMatch, Match};
+use serde::de::{value::MapAccessDeserializer, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
+use std::marker::PhantomData;
 
 /// Longest accepted name (it appears in shared-data keys and metric names).
 pub const MAX_NAME_LEN: usize = 64;
@@ -59,6 +61,42 @@ pub fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
     }
 }
 
+/// A JSON object, and only an object, read as `T`. serde's derived structs
+/// also accept an array of their fields in order (`"bucket": [3, "2s", 4]`),
+/// which would bypass the names (and "unknown fields are refused"): every
+/// struct in the configuration is read through this instead.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Strict<T>(pub T);
+
+impl<T> Strict<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> std::ops::Deref for Strict<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Strict<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectOnly<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOnly<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(ObjectOnly(PhantomData)).map(Strict)
+    }
+}
+
 /// The JSON of a request match (`match`), shared by every mechanism.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -68,7 +106,7 @@ pub struct RawMatch {
     #[serde(default)]
     pub methods: Vec<String>,
     #[serde(default)]
-    pub headers: Vec<RawHeaderMatch>,
+    pub headers: Vec<Strict<RawHeaderMatch>>,
 }
 
 /// One header condition of a match.
@@ -205,7 +243,7 @@ pub fn validate_match(at: &str, raw: RawMatch) -> Result<Match, ConfigError> {
         methods.push(m.to_ascii_uppercase());
     }
     let mut headers = Vec::with_capacity(raw.headers.len());
-    for (j, h) in raw.headers.into_iter().enumerate() {
+    for (j, h) in raw.headers.into_iter().map(Strict::into_inner).enumerate() {
         let field = format!("{at}.match.headers[{j}]");
         let name = header_name(&format!("{field}.name"), &h.name)?;
         let m = match (h.exact, h.present) {

@@ -11,6 +11,7 @@ use crate::breaker::config::{self as breaker_config, BreakerSpec, RawBreaker};
 use crate::duration::{parse_duration, NS_PER_S};
 use crate::ratelimit::config::{self as rule_config, RawRule, RuleSpec};
 use crate::shed::config::{self as shed_config, RawShedder, ShedderSpec};
+use fields::Strict;
 pub use fields::{check_name, err, ConfigError};
 use serde::Deserialize;
 
@@ -21,17 +22,17 @@ struct RawConfig {
     #[serde(default)]
     domain: Option<String>,
     #[serde(default)]
-    rate_limits: Vec<RawRule>,
+    rate_limits: Vec<Strict<RawRule>>,
     #[serde(default)]
-    response: RawResponse,
+    response: Strict<RawResponse>,
     #[serde(default)]
     failure_mode_deny: bool,
     #[serde(default)]
     max_cas_retries: Option<u32>,
     #[serde(default)]
-    circuit_breakers: Vec<RawBreaker>,
+    circuit_breakers: Vec<Strict<RawBreaker>>,
     #[serde(default)]
-    shedders: Vec<RawShedder>,
+    shedders: Vec<Strict<RawShedder>>,
 }
 
 #[derive(Deserialize)]
@@ -116,7 +117,7 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         return Err(err("", "the configuration must be a JSON object"));
     } else {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        serde_path_to_error::deserialize(de).map_err(|e| {
+        let raw = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             // serde_path_to_error writes `?` for a position it could not name.
             let path = e.path().to_string();
             let path = path.trim_end_matches('?').trim_end_matches('.');
@@ -126,7 +127,15 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
                 path.to_string()
             };
             err(field, e.into_inner().to_string())
-        })?
+        })?;
+        // Nothing may follow the object: not a second object, not text.
+        de.end().map_err(|e| {
+            err(
+                "",
+                format!("unexpected data after the configuration object ({e})"),
+            )
+        })?;
+        raw
     };
     validate(raw)
 }
@@ -164,7 +173,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         shedders,
         domain,
         rules,
-        response: validate_response(raw.response)?,
+        response: validate_response(raw.response.into_inner())?,
         failure_mode_deny: raw.failure_mode_deny,
         max_cas_retries,
     })
@@ -174,14 +183,14 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
 fn items<R, T>(
     list: &str,
     what: &str,
-    raw: Vec<R>,
+    raw: Vec<Strict<R>>,
     validate: fn(&str, R) -> Result<T, ConfigError>,
     name: fn(&T) -> &String,
 ) -> Result<Vec<T>, ConfigError> {
     let mut out: Vec<T> = Vec::with_capacity(raw.len());
     for (i, r) in raw.into_iter().enumerate() {
         let at = format!("{list}[{i}]");
-        let item = validate(&at, r)?;
+        let item = validate(&at, r.into_inner())?;
         if out.iter().any(|x| name(x) == name(&item)) {
             return Err(err(
                 format!("{at}.name"),

@@ -196,3 +196,63 @@ fn a_state_id_taken_by_an_earlier_item_is_refused_naming_both() {
     );
     assert!(crate::config::fields::check_state_id("shedders", 2, "sl00000003/", earlier).is_ok());
 }
+
+#[test]
+fn the_parser_is_as_strict_as_the_docs() {
+    let b = r#""bucket":{"rate":1,"period":"1s"}"#;
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            format!(r#"{{"rate_limits":[{{"name":"a",{b}}}]}} trailing"#),
+            "",
+            "unexpected data after the configuration object",
+        ),
+        (
+            format!(r#"{{"rate_limits":[]}}{{"rate_limits":[{{"name":"a",{b}}}]}}"#),
+            "",
+            "unexpected data after the configuration object",
+        ),
+        (r#"{"response":[429]}"#.into(), "response", "expected a JSON object"),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":[3,"2s",4]}]}"#.into(),
+            "rate_limits[0].bucket",
+            "expected a JSON object",
+        ),
+        (
+            r#"{"rate_limits":[["a",null,[],"skip",{"rate":1,"period":"1s"}]]}"#.into(),
+            "rate_limits[0]",
+            "expected a JSON object",
+        ),
+        (
+            format!(r#"{{"rate_limits":[{{"name":"a",{b},"cost":[1]}}]}}"#),
+            "rate_limits[0].cost",
+            "expected a JSON object",
+        ),
+        (
+            format!(r#"{{"rate_limits":[{{"name":"a",{b},"match":["/x"]}}]}}"#),
+            "rate_limits[0].match",
+            "expected a JSON object",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","open":["1s","2s",2]}]}"#.into(),
+            "circuit_breakers[0].open",
+            "expected a JSON object",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":[4]}]}"#.into(),
+            "shedders[0].concurrency",
+            "expected a JSON object",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","priority":{"classes":[[{},"critical"]]}}]}"#.into(),
+            "shedders[0].priority.classes[0]",
+            "expected a JSON object",
+        ),
+    ];
+    for (json, field, problem) in cases {
+        let e = parse(json.as_bytes()).expect_err(&json);
+        assert_eq!(e.field, field, "{json}: {e}");
+        assert!(e.problem.contains(problem), "{json}: {e}");
+    }
+    // Whitespace after the object is not data.
+    assert!(parse(format!("{{\"rate_limits\":[{{\"name\":\"a\",{b}}}]}}\n \t").as_bytes()).is_ok());
+}

@@ -2,7 +2,7 @@
 //! validated form, which the limiter trusts without further checks.
 
 use crate::config::fields::{
-    check_name, err, header_name, positive, validate_match, ConfigError, RawMatch,
+    check_name, err, header_name, positive, validate_match, ConfigError, RawMatch, Strict,
 };
 use crate::duration::parse_duration;
 use crate::keys::{KeyPart, MissingKey};
@@ -18,14 +18,14 @@ pub const MAX_TABLE_SIZE: u32 = 1_000_000;
 pub struct RawRule {
     pub name: String,
     #[serde(default, rename = "match")]
-    pub matcher: Option<RawMatch>,
+    pub matcher: Option<Strict<RawMatch>>,
     #[serde(default)]
     pub key: Vec<KeyPart>,
     #[serde(default)]
     pub on_missing_key: MissingKey,
-    pub bucket: RawBucket,
+    pub bucket: Strict<RawBucket>,
     #[serde(default)]
-    pub cost: Option<RawCost>,
+    pub cost: Option<Strict<RawCost>>,
     #[serde(default)]
     pub shadow: bool,
     #[serde(default)]
@@ -81,7 +81,7 @@ pub struct RuleSpec {
 pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
     let bucket = validate_bucket(at, &raw.bucket)?;
-    let cost = validate_cost(at, raw.cost, bucket.burst)?;
+    let cost = validate_cost(at, raw.cost.map(Strict::into_inner), bucket.burst)?;
     let max_keys = validate_max_keys(at, raw.max_keys)?;
     for (j, part) in raw.key.iter().enumerate() {
         part.validate()
@@ -89,7 +89,7 @@ pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     }
     Ok(RuleSpec {
         name: raw.name,
-        matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
+        matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
         key: raw.key.into_iter().map(KeyPart::normalised).collect(),
         on_missing_key: raw.on_missing_key,
         bucket,

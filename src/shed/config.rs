@@ -2,6 +2,7 @@
 
 use crate::config::fields::{
     check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
+    Strict,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
@@ -70,13 +71,13 @@ pub struct ShedderSpec {
 pub struct RawShedder {
     name: String,
     #[serde(default, rename = "match")]
-    matcher: Option<RawMatch>,
+    matcher: Option<Strict<RawMatch>>,
     #[serde(default)]
-    priority: Option<RawPriority>,
+    priority: Option<Strict<RawPriority>>,
     #[serde(default)]
-    concurrency: Option<RawConcurrency>,
+    concurrency: Option<Strict<RawConcurrency>>,
     #[serde(default)]
-    latency: Option<RawLatency>,
+    latency: Option<Strict<RawLatency>>,
     #[serde(default)]
     target: Option<String>,
     #[serde(default)]
@@ -91,14 +92,14 @@ struct RawPriority {
     header: Option<String>,
     default: Option<Class>,
     #[serde(default)]
-    classes: Vec<RawClassRule>,
+    classes: Vec<Strict<RawClassRule>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawClassRule {
     #[serde(rename = "match")]
-    matcher: RawMatch,
+    matcher: Strict<RawMatch>,
     class: Class,
 }
 
@@ -120,16 +121,24 @@ struct RawLatency {
 /// Validates one shedder.
 pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
-    let priority = raw.priority.unwrap_or(RawPriority {
+    let priority = raw.priority.map(Strict::into_inner).unwrap_or(RawPriority {
         header: None,
         default: None,
         classes: Vec::new(),
     });
     let priority_header = optional_header(format!("{at}.priority.header"), priority.header)?;
     let mut classes = Vec::new();
-    for (j, c) in priority.classes.into_iter().enumerate() {
+    for (j, c) in priority
+        .classes
+        .into_iter()
+        .map(Strict::into_inner)
+        .enumerate()
+    {
         classes.push((
-            validate_match(&format!("{at}.priority.classes[{j}]"), c.matcher)?,
+            validate_match(
+                &format!("{at}.priority.classes[{j}]"),
+                c.matcher.into_inner(),
+            )?,
             c.class,
         ));
     }
@@ -140,12 +149,15 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
     }
     Ok(ShedderSpec {
         name: raw.name,
-        matcher: validate_match(at, raw.matcher.unwrap_or_default())?,
+        matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
         priority_header,
         default_class: priority.default.unwrap_or(Class::Default),
         classes,
-        concurrency: raw.concurrency.map(|c| concurrency(at, c)).transpose()?,
-        latency: latency(at, raw.latency)?,
+        concurrency: raw
+            .concurrency
+            .map(|c| concurrency(at, c.into_inner()))
+            .transpose()?,
+        latency: latency(at, raw.latency.map(Strict::into_inner))?,
         target_ms,
         interval_ms,
         status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
