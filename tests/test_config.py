@@ -69,3 +69,24 @@ def test_the_built_module_exports_no_unused_callbacks():
     for needed in (b"proxy_on_request_headers", b"proxy_on_response_headers", b"proxy_on_delete",
                    b"proxy_on_tick", b"proxy_on_configure", b"proxy_abi_version_0_2_1"):
         assert needed in data
+
+
+def test_documented_ranges_are_the_real_ones():
+    # Any rate up to 4,294,967,295 with any period; protobuf-style durations.
+    for bucket in ({"rate": 4294967295, "period": "1s"}, {"rate": 4294967295, "period": "1ms"},
+                   {"rate": 10, "period": "0.25s", "burst": 3}, {"rate": 1, "period": "1.5m"}):
+        ok, out = validate({"rate_limits": [{"name": "a", "bucket": bucket}]})
+        assert ok, (bucket, out[-2000:])
+    ok, out = validate({"rate_limits": [{"name": "a", "bucket": {"rate": 1, "period": "1h", "burst": 1000000}}]})
+    assert not ok and "rate_limits[0].bucket: burst x period / rate (the time to refill a full bucket) must be at most 100 years" in out, out[-2000:]
+
+
+def test_a_cost_of_twenty_digits_is_clamped_to_the_maximum():
+    from harness import Stack
+    import http1
+    cfg = {"rate_limits": [{"name": "c", "bucket": {"rate": 1, "period": "1h", "burst": 5},
+                            "cost": {"header": "x-cost", "max": 5}}]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert c.request("/", {"x-cost": "99999999999999999999"}).status == 200  # costs 5, the max
+        assert c.request("/", {"x-cost": "1"}).status == 429

@@ -211,7 +211,11 @@ fn the_parser_is_as_strict_as_the_docs() {
             "",
             "unexpected data after the configuration object",
         ),
-        (r#"{"response":[429]}"#.into(), "response", "expected a JSON object"),
+        (
+            r#"{"response":[429]}"#.into(),
+            "response",
+            "expected a JSON object",
+        ),
         (
             r#"{"rate_limits":[{"name":"a","bucket":[3,"2s",4]}]}"#.into(),
             "rate_limits[0].bucket",

@@ -180,14 +180,18 @@ mod tests {
     fn property_never_admits_more_than_burst_plus_refill() {
         let mut rng = SplitMix(42);
         for _case in 0..300 {
-            let rate = 1 + rng.below(1000);
-            let period_ns = [S / 10, S, 60 * S][rng.below(3) as usize];
+            // Rates up to u32::MAX, more than one token per nanosecond too.
+            let rate = match rng.below(3) {
+                0 => u64::from(u32::MAX) - rng.below(1000),
+                _ => 1 + rng.below(1000),
+            };
+            let period_ns = [1, S / 10, S, 60 * S][rng.below(4) as usize];
             let burst = 1 + rng.below(50);
             let b = spec(rate, period_ns, burst);
-            let start = 1_000 * S + rng.below(S);
+            let start = 1_700_000_000 * S + rng.below(S);
             let (mut now, mut tat, mut admitted) = (start, 0u128, 0u128);
             for _ in 0..400 {
-                now += rng.below(period_ns / rate * 3 + 1);
+                now += rng.below(period_ns / rate * 3 + 2);
                 let cost = 1 + rng.below(burst);
                 if let Outcome::Allow { new_tat, .. } = b.decide(tat, now, cost) {
                     tat = new_tat;

@@ -13,6 +13,11 @@ use serde::Deserialize;
 /// configuration time, so this bounds start-up work and Envoy memory.
 pub const MAX_TABLE_SIZE: u32 = 1_000_000;
 
+const NS_PER_YEAR: u64 = 365 * 24 * 3_600 * 1_000_000_000;
+/// Longest accepted time to refill a full bucket (100 years): keeps every
+/// state (now and the burst, in units of 1/rate ns) within the slot's 96 bits.
+pub const MAX_REFILL_NS: u64 = 100 * NS_PER_YEAR;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
@@ -112,21 +117,18 @@ fn validate_bucket(at: &str, raw: &RawBucket) -> Result<BucketSpec, ConfigError>
             format!("must be at most {} per period", u32::MAX),
         ));
     }
-    if rate > period_ns {
-        return Err(err(
-            format!("{at}.bucket.rate"),
-            "more than one token per nanosecond is not supported",
-        ));
-    }
     let burst = match raw.burst {
         Some(b) => positive(format!("{at}.bucket.burst"), b)?,
         None => rate,
     };
-    // The bucket's full-refill time (burst * period / rate) must fit in u64 ns.
-    if (burst as u128) * (period_ns as u128) / (rate as u128) > (u64::MAX / 4) as u128 {
+    // The time to refill a whole burst must fit the state's arithmetic.
+    if (burst as u128) * (period_ns as u128) / (rate as u128) > MAX_REFILL_NS as u128 {
         return Err(err(
             format!("{at}.bucket"),
-            "burst takes too long to refill",
+            format!(
+                "burst x period / rate (the time to refill a full bucket) must be at most {} years",
+                MAX_REFILL_NS / NS_PER_YEAR
+            ),
         ));
     }
     Ok(BucketSpec {

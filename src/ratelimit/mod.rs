@@ -240,11 +240,12 @@ impl Limiter {
         let Some(name) = &spec.cost.header else {
             return spec.cost.default;
         };
+        // A decimal integer of up to 20 digits; one past u64 saturates and
+        // is clamped like any other large cost.
         let parsed = req.header(name).and_then(|v| {
             let s = std::str::from_utf8(&v).ok()?.trim();
             (!s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| s.parse::<u64>().ok())
-                .flatten()
+                .then(|| s.parse::<u64>().unwrap_or(u64::MAX))
         });
         match parsed {
             Some(0) | None => spec.cost.default,

@@ -373,7 +373,7 @@ fn cost_comes_from_the_header_clamped_and_defaults_on_bad_values() {
         r#"{"rate_limits":[{"name":"r","cost":{"header":"x-cost","max":5},
         "bucket":{"rate":1,"period":"1h","burst":100}}]}"#,
     );
-    let cases: [(&[u8], u64); 7] = [
+    let cases: [(&[u8], u64); 9] = [
         (b"3", 3),
         (b"50", 5),
         (b"0", 1),
@@ -381,6 +381,9 @@ fn cost_comes_from_the_header_clamped_and_defaults_on_bad_values() {
         (b"abc", 1),
         (b"\xff\xfe", 1),
         (b"99999999999999999999999", 1),
+        // 20 digits past u64: a positive integer, clamped like the others.
+        (b"99999999999999999999", 5),
+        (b"00000000000000000000", 1),
     ];
     for (value, cost) in cases {
         let r = FakeRequest::new("GET", "/").with_header("x-cost", value);
