@@ -201,3 +201,34 @@ def test_a_replaced_configuration_gives_its_leased_shedder_slots_back():
         time.sleep(0.5)  # the last streams end; ticks return the current leases
         assert_burst_within_limit(s.port, 64)
         assert up.stats()["max_in_flight"] <= 64
+
+
+def test_a_live_update_beside_a_million_slot_table_does_not_stall_traffic():
+    """Every VM configures again on every update: a rule left unchanged must
+    not cost a check of each of its slots (a million took seconds on every
+    worker, and the admin endpoint stopped answering meanwhile)."""
+    big = {"name": "big", "match": {"path_prefix": "/big"}, "key": ["client_address"],
+           "bucket": {"rate": 100, "period": "1s"}, "max_keys": 1000000}
+    load_rule = {"name": "load", "bucket": {"rate": 1, "period": "1h", "burst": 1000000}}
+    extra = {"name": "extra", "match": {"path_prefix": "/other"}, "bucket": {"rate": 5, "period": "1s"}}
+    with EcdsStack({"rate_limits": [big, load_rule]}) as s, \
+            Load(s.port, max_seconds=40, requests_per_connection=5) as load:
+        assert load.wait_count(50), "the background load does not get answers"
+        t0 = time.time()
+        s.push({"rate_limits": [big, load_rule, extra]})
+        admin_worst = 0.0
+        deadline = t0 + 3.0
+        while time.time() < deadline:
+            a = time.time()
+            s.front.admin("/ready")
+            admin_worst = max(admin_worst, time.time() - a)
+            time.sleep(0.05)
+        assert s.wait_stat("update_success", 2), s.front.logs()[-3000:]
+        done = load.since(t0 - 0.5)
+        assert len(done) >= 20, "the load stalled during the update"
+        times = [r[0] for r in done]
+        worst_gap = max(b - a for a, b in zip(times, times[1:]))
+        assert worst_gap < 1.0, f"a request waited {worst_gap:.2f} s during the update"
+        assert admin_worst < 1.0, f"the admin endpoint took {admin_worst:.2f} s during the update"
+        unexpected = load.unexpected({(200, None)})
+        assert not unexpected, unexpected[:5]

@@ -23,6 +23,19 @@ pub const SLOT_LEN: usize = 21;
 /// Largest storable TAT (2^96 - 1); larger values are clamped.
 pub const MAX_TAT: u128 = (1 << 96) - 1;
 
+/// The value of a table's "complete" marker: a version byte, the number
+/// of slots, and the check. A marker that does not decode to the table's
+/// length (corrupt, or another length) means the table is checked again.
+pub fn table_marker(len: u32) -> [u8; 9] {
+    let mut out = [0u8; 9];
+    let (body, sum) = out.split_at_mut(5);
+    let (head, n) = body.split_at_mut(1);
+    head.copy_from_slice(&[VERSION]);
+    n.copy_from_slice(&len.to_le_bytes());
+    sum.copy_from_slice(&check(body).to_le_bytes());
+    out
+}
+
 impl Slot {
     /// The encoded bytes.
     pub fn encode(&self) -> [u8; SLOT_LEN] {

@@ -14,9 +14,10 @@ use serde::Deserialize;
 pub const MAX_TABLE_SIZE: u32 = 1_000_000;
 
 const NS_PER_YEAR: u64 = 365 * 24 * 3_600 * 1_000_000_000;
-/// Longest accepted time to refill a full bucket (100 years): keeps every
-/// state (now and the burst, in units of 1/rate ns) within the slot's 96 bits.
-pub const MAX_REFILL_NS: u64 = 100 * NS_PER_YEAR;
+/// Longest accepted time to refill a full bucket (2^62 ns, 146 years):
+/// keeps every state (now and the burst, in units of 1/rate ns) within the
+/// slot's 96 bits, and every wait within a `u64` of nanoseconds.
+pub const MAX_REFILL_NS: u64 = u64::MAX / 4;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

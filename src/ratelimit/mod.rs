@@ -216,22 +216,48 @@ impl Limiter {
     /// serves a request, so workers only ever find slots already present.
     /// Returns how many slots this call created.
     pub fn create_tables(&self, store: &dyn Store) -> Result<u32, StoreError> {
+        let mut created = 0;
+        for rule in 0..self.rules.len() {
+            created += self.create_table(store, rule)?;
+        }
+        Ok(created)
+    }
+
+    /// Creates one rule's missing slots, unless its table is marked
+    /// complete: then one read is all a configuration costs, whatever
+    /// `max_keys` (every VM configures on every update, and a table of a
+    /// million slots took seconds to check).
+    fn create_table(&self, store: &dyn Store, rule: usize) -> Result<u32, StoreError> {
+        let len = self.table_len(rule);
+        let marker_key = self.complete_key(rule);
+        let marker = codec::table_marker(len);
+        if let Some(found) = store.get(&marker_key)? {
+            if found.bytes == marker {
+                return Ok(0);
+            }
+        }
         let empty = Slot {
             fingerprint: 0,
             tat: 0,
         }
         .encode();
         let mut created = 0;
-        for rule in 0..self.rules.len() {
-            for slot in 0..self.table_len(rule) {
-                let key = self.slot_key(rule, slot);
-                if store.get(&key)?.is_none() {
-                    store.set(&key, &empty, None)?;
-                    created += 1;
-                }
+        for slot in 0..len {
+            let key = self.slot_key(rule, slot);
+            if store.get(&key)?.is_none() {
+                store.set(&key, &empty, None)?;
+                created += 1;
             }
         }
+        store.set(&marker_key, &marker, None)?;
         Ok(created)
+    }
+
+    /// The key of a rule's "table complete" marker (slot keys end in
+    /// digits, so it cannot be one).
+    fn complete_key(&self, rule: usize) -> String {
+        let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}complete")
     }
 
     /// The request's cost for a rule: the header value if it is a positive
