@@ -219,3 +219,30 @@ def test_with_leased_slots_the_limit_still_holds_across_workers_and_nothing_leak
             assert front.stat("wasmcustom.sluice_shed_in_flight.shedder.wide") == 0
         assert up.stats()["max_in_flight"] <= 64
 
+
+
+def test_latency_mode_overload_holds_while_everything_is_shed():
+    """An upstream that slowed to 200 ms, all traffic sheddable: once
+    overloaded, intervals in which everything was shed (so no response
+    measured the delay) must not end the overload. One probe per interval
+    per worker still goes through, to see a recovery."""
+    from harness import Stack
+    cfg = {"shedders": [{"name": "lat", "priority": {"default": "sheddable"},
+                         "latency": {"floor_window": "30s"}, "target": "5ms", "interval": "100ms"}]}
+    slow = {"x-envoy-fault-delay-request": "200"}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        for _ in range(20):  # learn the no-load floor (about 1 ms)
+            assert c.request("/").status == 200
+        got = load(s.port, 3, clients=8, headers_for=lambda i: slow)
+    first = min((r[4] for r in got if r[0] == 503), default=None)
+    assert first is not None, "no shedding with the upstream 200 ms over its floor"
+    after = [r for r in got if r[4] >= first + 0.3]
+    shed = sum(1 for r in after if r[0] == 503) / max(1, len(after))
+    assert shed >= 0.9, f"only {shed:.0%} shed at full overload"
+    # No 200 ms window in which the filter let everything in again.
+    windows = {}
+    for r in after:
+        windows.setdefault(int(r[4] / 0.2), []).append(r[0])
+    admitted = {w: v.count(200) / len(v) for w, v in windows.items() if len(v) >= 10}
+    assert max(admitted.values(), default=0) < 0.5, admitted

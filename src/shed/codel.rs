@@ -5,6 +5,12 @@
 //! no request at all) leaves it. One instance per worker: each worker has its
 //! own queue.
 //!
+//! Without a sluice queue (latency mode), the samples are response
+//! latencies: an interval in which every request was shed has none, yet the
+//! overload goes on, so such an interval keeps the state and the estimate;
+//! and one request per interval is let through as a probe while no sample
+//! came in, so that a recovery is seen.
+//!
 //! With sluice's own queue, the waits of admitted requests are cut short by
 //! the shedding itself, so their minimum says little about the standing
 //! queue while shedding; there, overload ends only when an interval sees the
@@ -31,6 +37,12 @@ pub struct Codel {
     exit_on_empty: bool,
     saw_empty: bool,
     shed_in_interval: bool,
+    /// Latency mode: a probe was let through in this interval.
+    probed: bool,
+    /// Latency mode: the last interval had no sample (everything was shed).
+    starved: bool,
+    /// Latency mode: requests let through and not answered yet.
+    in_flight: u64,
 }
 
 impl Codel {
@@ -45,7 +57,20 @@ impl Codel {
             exit_on_empty,
             saw_empty: false,
             shed_in_interval: false,
+            probed: false,
+            starved: false,
+            in_flight: 0,
         }
+    }
+
+    /// Latency mode: a request was let through (its answer will be a sample).
+    pub fn started(&mut self) {
+        self.in_flight += 1;
+    }
+
+    /// Latency mode: a request let through was answered or abandoned.
+    pub fn finished(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
     }
 
     /// Closes finished intervals. Returns `Some(new state)` when the
@@ -56,8 +81,29 @@ impl Codel {
         }
         let before = self.overloaded;
         let elapsed = now_ms - self.interval_start;
-        // More than one interval passed: the later ones saw nothing (idle).
-        let idle = elapsed >= 2 * self.interval_ms;
+        // More than one interval passed: the later ones saw nothing (idle),
+        // unless requests were in flight (latency mode): a slow upstream
+        // answers late, and a gap before its answers is not idleness.
+        let idle = elapsed >= 2 * self.interval_ms && self.in_flight == 0;
+        // Latency mode: no response measured the delay, yet there was
+        // traffic (everything was shed, or it is still in flight): the
+        // state holds, and so does the last estimate.
+        let unmeasured = !self.exit_on_empty
+            && !idle
+            && self.min_in_interval.is_none()
+            && (self.shed_in_interval || self.in_flight > 0);
+        self.starved = unmeasured && self.overloaded && self.shed_in_interval;
+        if unmeasured {
+            self.reset_interval(now_ms, elapsed);
+            return None;
+        }
+        if !self.exit_on_empty && !idle && elapsed >= 2 * self.interval_ms {
+            // Latency mode, answers late: the span closes as one interval.
+            self.last_min = self.min_in_interval;
+            self.overloaded = self.last_min.is_some_and(|m| m > self.target_ms);
+            self.reset_interval(now_ms, elapsed);
+            return (before != self.overloaded).then_some(self.overloaded);
+        }
         self.last_min = if idle { None } else { self.min_in_interval };
         let standing = self.last_min.is_some_and(|m| m > self.target_ms);
         self.overloaded = if self.overloaded && self.exit_on_empty {
@@ -69,11 +115,16 @@ impl Codel {
         } else {
             standing
         };
+        self.reset_interval(now_ms, elapsed);
+        (before != self.overloaded).then_some(self.overloaded)
+    }
+
+    fn reset_interval(&mut self, now_ms: u64, elapsed: u64) {
         self.min_in_interval = None;
         self.saw_empty = false;
         self.shed_in_interval = false;
+        self.probed = false;
         self.interval_start = now_ms - elapsed % self.interval_ms;
-        (before != self.overloaded).then_some(self.overloaded)
     }
 
     /// Records one request's queueing delay (0 for a request admitted
@@ -108,15 +159,27 @@ impl Codel {
     /// For routes without a sluice queue: whether a request of `class`
     /// should be shed on arrival given the estimated delay of the last
     /// interval (sheddable above target, default above twice the target).
-    pub fn shed_on_arrival(&self, class: Class) -> bool {
+    /// After an interval in which everything was shed (no sample), the
+    /// first request of each interval that would be shed goes through
+    /// instead, as a probe.
+    pub fn shed_on_arrival(&mut self, now_ms: u64, class: Class) -> bool {
+        self.roll(now_ms);
         let Some(delay) = self.last_min else {
             return false;
         };
-        self.overloaded
+        let shed = self.overloaded
             && match class {
                 Class::Sheddable => delay > self.target_ms,
                 Class::Default => delay > 2 * self.target_ms,
                 Class::Critical => false,
-            }
+            };
+        if shed && self.starved && !self.probed {
+            self.probed = true;
+            return false;
+        }
+        if shed {
+            self.shed_in_interval = true;
+        }
+        shed
     }
 }

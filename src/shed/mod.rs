@@ -365,8 +365,8 @@ impl Shedders {
         let Some(conc) = rule.spec.concurrency.clone() else {
             let shed = self
                 .local
-                .get(s)
-                .is_some_and(|l| l.codel.shed_on_arrival(class));
+                .get_mut(s)
+                .is_some_and(|l| l.codel.shed_on_arrival(now_ms, class));
             return if shed {
                 Arrival::Shed
             } else {
@@ -571,6 +571,22 @@ impl Shedders {
         found
     }
 
+    /// Latency mode: a request was let through at shedder `s` (its answer
+    /// will be a sample).
+    pub fn started(&mut self, s: usize) {
+        if let Some(l) = self.local.get_mut(s) {
+            l.codel.started();
+        }
+    }
+
+    /// Latency mode: a request let through at shedder `s` ended without an
+    /// answer (reset, client gone, refused later).
+    pub fn abandoned(&mut self, s: usize) {
+        if let Some(l) = self.local.get_mut(s) {
+            l.codel.finished();
+        }
+    }
+
     /// Latency mode: records a response's upstream latency (or the queue
     /// time the upstream reported) as a delay sample.
     pub fn response(&mut self, now_ms: u64, s: usize, latency_ms: u64, reported_ms: Option<u64>) {
@@ -580,6 +596,7 @@ impl Shedders {
         let Some(l) = self.local.get_mut(s) else {
             return;
         };
+        l.codel.finished();
         // The floor is the minimum over the last one to two half-windows.
         if now_ms.saturating_sub(l.floor_rotated_ms) >= window / 2 {
             l.floor_previous = l.floor_current.take();

@@ -175,20 +175,32 @@ impl ShedStage {
         }
     }
 
-    /// Runs the request's shedders; `Some(step)` when one sheds or queues it.
+    /// Runs the request's shedders; `Some(step)` when one sheds or queues
+    /// it. `watched` gets the latency-mode shedders that let it through.
     fn arrive(
         &mut self,
         cx: &mut Cx<'_, '_>,
         id: StreamId,
         now: u64,
         classes: Vec<(usize, Class)>,
+        watched: &mut Vec<usize>,
     ) -> Option<Step> {
         for (s, class) in classes {
             let arrival = self.shedders.arrive(cx.store(), now, s, id, class);
             self.changes(cx);
             match arrival {
                 Arrival::Admit { slot: true } => self.hold(cx, id, s),
-                Arrival::Admit { slot: false } => {}
+                Arrival::Admit { slot: false } => {
+                    let latency = self
+                        .shedders
+                        .rules
+                        .get(s)
+                        .is_some_and(|r| r.spec.concurrency.is_none());
+                    if latency {
+                        self.shedders.started(s);
+                        watched.push(s);
+                    }
+                }
                 Arrival::Shed => {
                     self.finish(cx, id);
                     let r = self.answer(cx, s, class)?;
@@ -220,18 +232,12 @@ impl Stage for ShedStage {
     fn request(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, req: &dyn RequestView) -> Decision {
         let now = cx.now_ms();
         let classes = self.shedders.classify(req);
-        let watched: Vec<usize> = classes
-            .iter()
-            .filter(|(s, _)| {
-                self.shedders
-                    .rules
-                    .get(*s)
-                    .is_some_and(|x| x.spec.concurrency.is_none())
-            })
-            .map(|(s, _)| *s)
-            .collect();
-        let step = self.arrive(cx, id, now, classes);
+        let mut watched = Vec::new();
+        let step = self.arrive(cx, id, now, classes, &mut watched);
         if let Some(Step::Reply(r)) = step {
+            for s in watched {
+                self.shedders.abandoned(s);
+            }
             return Decision::of(Step::Reply(r), false);
         }
         if !watched.is_empty() {
@@ -264,7 +270,12 @@ impl Stage for ShedStage {
     }
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
-        self.watched.remove(&id);
+        // Let through but never answered: no sample, no longer in flight.
+        if let Some((watched, _)) = self.watched.remove(&id) {
+            for s in watched {
+                self.shedders.abandoned(s);
+            }
+        }
         self.finish(cx, id);
     }
 
