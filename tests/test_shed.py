@@ -246,3 +246,62 @@ def test_latency_mode_overload_holds_while_everything_is_shed():
         windows.setdefault(int(r[4] / 0.2), []).append(r[0])
     admitted = {w: v.count(200) / len(v) for w, v in windows.items() if len(v) >= 10}
     assert max(admitted.values(), default=0) < 0.5, admitted
+
+
+def connections_by_worker(s, want, limit=200):
+    """Opens keep-alive connections until `want` = {worker: n} are placed;
+    which worker took a connection shows in its listener stats."""
+    got = {w: [] for w in want}
+    extra = []
+    key = lambda w: f"listener.127.0.0.1_{s.port}.worker_{w}.downstream_cx_total"
+    for _ in range(limit):
+        if all(len(got[w]) >= n for w, n in want.items()):
+            break
+        before = {w: s.front.stat(key(w)) for w in want}
+        c = http1.Conn(s.port)
+        c.request("/warm")
+        after = {w: s.front.stat(key(w)) for w in want}
+        w = next((w for w in want if after[w] > before[w]), None)
+        (got[w] if w is not None and len(got[w]) < want[w] else extra).append(c)
+    for c in extra:
+        c.close()
+    assert all(len(got[w]) >= n for w, n in want.items()), {w: len(v) for w, v in got.items()}
+    return got
+
+
+def test_a_quiet_workers_sheddable_waiters_are_shed_while_the_shared_queue_stands():
+    """One worker saturates the shared queue with critical work; sheddable
+    requests that land on the other, quiet, worker must be shed within about
+    an interval, not wait out max_wait: the decision reflects the shared
+    queue whichever worker a request lands on."""
+    from harness import Stack
+    cfg = {"shedders": [{"name": "q", "match": {"path_prefix": "/api"},
+                         "concurrency": {"max": 2, "queue": 64, "max_wait": "1s"},
+                         "priority": {"header": "x-priority"}, "target": "5ms", "interval": "100ms"}]}
+    with Stack(cfg) as s:
+        conns = connections_by_worker(s, {0: 6, 1: 1})
+        stop = time.time() + 4
+        busy_h = {"x-priority": "critical", "x-envoy-fault-delay-request": "100"}
+
+        def busy(c):
+            while time.time() < stop:
+                c.request("/api/busy", busy_h)
+
+        threads = [threading.Thread(target=busy, args=(c,)) for c in conns[0]]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # the shared queue stands: 6 clients, 2 slots, 100 ms each
+        quiet = conns[1][0]
+        waits = []
+        for _ in range(8):
+            t = time.time()
+            r = quiet.request("/api/quiet", {"x-priority": "sheddable"})
+            waits.append((r.status, time.time() - t))
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        for c in conns[0] + conns[1]:
+            c.close()
+    shed = [w for st, w in waits if st == 503]
+    assert len(shed) >= 6, waits
+    assert max(shed) < 0.4, f"a sheddable waiter on the quiet worker waited {max(shed):.3f} s: {waits}"

@@ -74,7 +74,7 @@ impl Change {
 
     /// Whether another worker's claim `c` is live (rewritten lately, and
     /// not dated ahead).
-    fn live(&self, c: &Claim) -> bool {
+    pub fn live(&self, c: &Claim) -> bool {
         c.worker != self.me
             && c.seen_ms.saturating_add(CLAIM_TTL_MS) >= self.now
             && c.seen_ms <= self.now.saturating_add(CLAIM_TTL_MS)

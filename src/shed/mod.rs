@@ -215,6 +215,20 @@ impl Shedders {
         }
     }
 
+    /// A waiter joined or stayed in the queue: the oldest waiter anywhere
+    /// (this worker's, or another worker's claim) tells how long the global
+    /// queue has been standing. A sample of its age lets a worker with
+    /// little traffic of its own see the overload its waiters are part of.
+    fn observe_global(&mut self, s: usize, other: Option<u64>, own: Option<u64>) {
+        let now = self.now_ms;
+        if let Some(since) = other.into_iter().chain(own).min() {
+            let age = now.saturating_sub(since);
+            if age > 0 {
+                self.observe(s, now, age);
+            }
+        }
+    }
+
     /// Whether the shedder is overloaded in this worker.
     pub fn overloaded(&self, s: usize) -> bool {
         self.local.get(s).is_some_and(|l| l.codel.overloaded)
@@ -271,6 +285,8 @@ impl Shedders {
         let failures = &mut self.store_failures;
         // Whether the last decision was a refusal that only wrote claims.
         let mut refusal = false;
+        // When the oldest waiter another worker claims arrived.
+        let mut oldest_other: Option<u64> = None;
         let granted = update(store, &key, self.max_retries, |found| {
             let old = match found {
                 Some(e) => decode_shared(&e.bytes).unwrap_or_else(|| {
@@ -280,6 +296,12 @@ impl Shedders {
                 None => Shared::default(),
             };
             refusal = false;
+            oldest_other = old
+                .claims
+                .iter()
+                .filter(|c| change.live(c))
+                .map(|c| c.since_ms)
+                .min();
             match change.apply(&old) {
                 Applied::Keep => Update::Keep(None),
                 Applied::Refused(next) => {
@@ -301,6 +323,9 @@ impl Shedders {
             // refused one (`None`: at the limit, or waiters) is not calm.
             l.calm = granted.is_some_and(|g| g > 0);
             l.lease += granted.unwrap_or(0);
+        }
+        if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
+            self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
         }
         Ok(granted.is_some())
     }

@@ -891,3 +891,36 @@ fn shedder_configs_validate_with_clear_fields_and_clamped_defaults() {
         assert_eq!(e.field, field, "{json}: {e}");
     }
 }
+
+#[test]
+fn a_quiet_worker_sheds_sheddable_waiters_while_the_shared_queue_stands() {
+    // QUEUE: max 2, target 5 ms, interval 100 ms, max_wait 500 ms.
+    let (mut quiet, store) = shedders(QUEUE);
+    let (mut busy, _) = shedders(QUEUE);
+    // The busy worker holds both slots and has critical waiters.
+    for id in 1..=2 {
+        busy.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    for id in 3..=5 {
+        let got = busy.arrive(&store, T0, 0, id, Class::Critical);
+        assert_eq!(got, Arrival::Queue { evicted: None });
+    }
+    // A sheddable request lands on the quiet worker while those wait.
+    let mut now = T0 + 300;
+    assert_eq!(
+        quiet.arrive(&store, now, 0, 7, Class::Sheddable),
+        Arrival::Queue { evicted: None }
+    );
+    let since = now;
+    let shed_at = loop {
+        now += 1;
+        busy.wake(&store, now, 0); // keeps its claim alive; no slot frees
+        let wakes = quiet.wake(&store, now, 0);
+        if wakes.iter().any(|w| matches!(w, Wake::Shed { .. })) {
+            break now;
+        }
+        assert!(now < since + 500, "the sheddable waiter waited out max_wait");
+    };
+    // Within two intervals of the quiet worker's CoDel, not max_wait.
+    assert!(shed_at - since <= 200, "shed after {} ms", shed_at - since);
+}
