@@ -10,7 +10,7 @@
 
 use crate::config::fields::header_name;
 use crate::hash::Keyed;
-use crate::request::{strip_port, strip_query, Attribute, RequestView};
+use crate::request::{normalize_path, strip_port, Attribute, RequestView};
 use serde::Deserialize;
 
 /// What a rule does when a key part is missing from the request.
@@ -80,7 +80,7 @@ impl KeyPart {
     fn read(&self, req: &dyn RequestView) -> Option<Vec<u8>> {
         match self {
             KeyPart::Header(name) => req.header(name),
-            KeyPart::Path => req.header(":path").map(|p| strip_query(&p).to_vec()),
+            KeyPart::Path => req.header(":path").map(|p| normalize_path(&p).into_owned()),
             KeyPart::Method => req.header(":method"),
             KeyPart::Authority => req.header(":authority"),
             KeyPart::ClientAddress => req

@@ -1,7 +1,13 @@
 //! Which requests a rule applies to: path (exact or prefix, query string
 //! ignored, as Envoy's route matching does), methods, and headers.
+//!
+//! Paths are matched as an upstream will understand them (see
+//! [`normalize_path`]), whatever the connection manager's settings, so that
+//! `/%61pi/x`, `//api/x` or `/x/../api/x` cannot slip past a rule on `/api`;
+//! `ignore_case` also matches them case-insensitively, for upstreams that
+//! ignore case.
 
-use crate::request::{strip_query, RequestView};
+use crate::request::{normalize_path, RequestView};
 
 /// A header condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +24,8 @@ pub enum HeaderMatch {
 pub struct Match {
     pub path_prefix: Option<String>,
     pub path: Option<String>,
+    /// Compare `path` and `path_prefix` case-insensitively.
+    pub ignore_case: bool,
     /// Upper-case method names; empty means any method.
     pub methods: Vec<String>,
     pub headers: Vec<HeaderMatch>,
@@ -30,14 +38,22 @@ impl Match {
             let Some(full) = req.header(":path") else {
                 return false;
             };
-            let path = strip_query(&full);
+            let path = normalize_path(&full);
+            let same = |a: &[u8], b: &[u8]| {
+                if self.ignore_case {
+                    a.eq_ignore_ascii_case(b)
+                } else {
+                    a == b
+                }
+            };
             if let Some(prefix) = &self.path_prefix {
-                if !path.starts_with(prefix.as_bytes()) {
+                let head = path.get(..prefix.len());
+                if !head.is_some_and(|h| same(h, prefix.as_bytes())) {
                     return false;
                 }
             }
             if let Some(exact) = &self.path {
-                if path != exact.as_bytes() {
+                if !same(&path, exact.as_bytes()) {
                     return false;
                 }
             }
@@ -107,5 +123,25 @@ mod tests {
         assert!(m.matches(&FakeRequest::new("post", "/").with_header("x-env", b"prod")));
         assert!(!m.matches(&ok.clone().with_header("x-debug", b"1")));
         assert!(!m.matches(&FakeRequest::new("POST", "/").with_header("x-env", b"prod\xff")));
+    }
+
+    #[test]
+    fn path_spellings_cannot_slip_past_and_case_is_ignored_on_request() {
+        let m = Match {
+            path_prefix: Some("/api".into()),
+            ..Match::default()
+        };
+        for p in ["/%61pi/x", "/ap%69/x", "//api/x", "/./api/x", "/x/../api/x"] {
+            assert!(m.matches(&FakeRequest::new("GET", p)), "{p}");
+        }
+        assert!(!m.matches(&FakeRequest::new("GET", "/API/x")));
+        let m = Match {
+            path_prefix: Some("/api".into()),
+            ignore_case: true,
+            ..Match::default()
+        };
+        assert!(m.matches(&FakeRequest::new("GET", "/API/x")));
+        assert!(m.matches(&FakeRequest::new("GET", "/%41pi/x")));
+        assert!(!m.matches(&FakeRequest::new("GET", "/ap")));
     }
 }

@@ -41,6 +41,97 @@ pub fn strip_query(path: &[u8]) -> &[u8] {
         .unwrap_or(path)
 }
 
+/// The path as an upstream will understand it (RFC 3986 normalization):
+/// query and fragment removed, percent-encoded unreserved characters
+/// decoded (`%61` is `a`; other escapes kept, hex upper-cased, so `%2F`
+/// stays an escaped slash), repeated slashes merged, and `.` and `..`
+/// segments removed. Whatever the connection manager's own settings, a
+/// client cannot spell a path so that a path rule misses it.
+pub fn normalize_path(path: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let path = strip_query(path);
+    let plain = !path.contains(&b'%')
+        && !path.windows(2).any(|w| w == b"//" || w == b"/.")
+        && path.first() == Some(&b'/');
+    if plain {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let decoded = decode_unreserved(path);
+    if decoded.first() != Some(&b'/') {
+        return std::borrow::Cow::Owned(decoded);
+    }
+    std::borrow::Cow::Owned(remove_dot_segments(&decoded))
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Decodes `%XX` of unreserved characters; upper-cases the others' hex.
+fn decode_unreserved(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while let Some(&b) = path.get(i) {
+        let escape = (b == b'%')
+            .then(|| Some((hex(*path.get(i + 1)?)?, hex(*path.get(i + 2)?)?)))
+            .flatten();
+        match escape {
+            Some((hi, lo)) => {
+                let v = hi * 16 + lo;
+                if v.is_ascii_alphanumeric() || b"-._~".contains(&v) {
+                    out.push(v);
+                } else {
+                    out.push(b'%');
+                    out.extend(
+                        path.get(i + 1..i + 3)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(u8::to_ascii_uppercase),
+                    );
+                }
+                i += 3;
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Merges repeated slashes and removes `.` and `..` segments (never above
+/// the root) of an absolute path; a path ending in a dot segment keeps its
+/// trailing slash.
+fn remove_dot_segments(path: &[u8]) -> Vec<u8> {
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let parts: Vec<&[u8]> = path.split(|&b| b == b'/').skip(1).collect();
+    let last = parts.len().saturating_sub(1);
+    let mut trailing = false;
+    for (i, seg) in parts.into_iter().enumerate() {
+        match seg {
+            b"" => trailing = i == last,
+            b"." => trailing = i == last,
+            b".." => {
+                segments.pop();
+                trailing = i == last;
+            }
+            s => {
+                segments.push(s);
+                trailing = false;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for s in &segments {
+        out.push(b'/');
+        out.extend_from_slice(s);
+    }
+    if trailing || segments.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
 /// An address such as `10.0.0.1:5678` or `[::1]:5678` without its port.
 pub fn strip_port(address: &[u8]) -> &[u8] {
     if let Some(rest) = address.strip_prefix(b"[") {
@@ -114,6 +205,43 @@ mod tests {
         assert_eq!(strip_query(b"/a#f"), b"/a");
         assert_eq!(strip_query(b"/a"), b"/a");
         assert_eq!(strip_query(b""), b"");
+    }
+
+    #[test]
+    fn paths_are_normalised_as_an_upstream_reads_them() {
+        let n =
+            |p: &str| String::from_utf8(normalize_path(p.as_bytes()).into_owned()).expect("utf8");
+        for spelling in [
+            "/api/x",
+            "/%61pi/x",
+            "/ap%69/x",
+            "//api/x",
+            "/./api/x",
+            "/x/../api/x",
+            "/api//x",
+            "/api/./x",
+            "/%2e/api/x",
+            "/x/%2E%2E/api/x",
+            "/api/x?q=1",
+            "/../api/x",
+            "/a/b/../../api/x",
+        ] {
+            assert_eq!(n(spelling), "/api/x", "{spelling}");
+        }
+        assert_eq!(n("/api/x/"), "/api/x/");
+        assert_eq!(n("/api/x/."), "/api/x/");
+        assert_eq!(n("/api/x/.."), "/api/");
+        assert_eq!(n("/"), "/");
+        assert_eq!(n("/.."), "/");
+        assert_eq!(n("/a%2fb"), "/a%2Fb", "an escaped slash stays escaped");
+        assert_eq!(n("/a%zz"), "/a%zz", "a broken escape stays as it is");
+        assert_eq!(n("/a%4"), "/a%4");
+        assert_eq!(n("/..."), "/...");
+        assert_eq!(n("*"), "*");
+        assert!(matches!(
+            normalize_path(b"/plain/path?x"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]

@@ -104,6 +104,8 @@ pub struct RawMatch {
     pub path_prefix: Option<String>,
     pub path: Option<String>,
     #[serde(default)]
+    pub ignore_case: bool,
+    #[serde(default)]
     pub methods: Vec<String>,
     #[serde(default)]
     pub headers: Vec<Strict<RawHeaderMatch>>,
@@ -259,6 +261,7 @@ pub fn validate_match(at: &str, raw: RawMatch) -> Result<Match, ConfigError> {
     Ok(Match {
         path_prefix: raw.path_prefix,
         path: raw.path,
+        ignore_case: raw.ignore_case,
         methods,
         headers,
     })

@@ -919,7 +919,10 @@ fn a_quiet_worker_sheds_sheddable_waiters_while_the_shared_queue_stands() {
         if wakes.iter().any(|w| matches!(w, Wake::Shed { .. })) {
             break now;
         }
-        assert!(now < since + 500, "the sheddable waiter waited out max_wait");
+        assert!(
+            now < since + 500,
+            "the sheddable waiter waited out max_wait"
+        );
     };
     // Within two intervals of the quiet worker's CoDel, not max_wait.
     assert!(shed_at - since <= 200, "shed after {} ms", shed_at - since);
