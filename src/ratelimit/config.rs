@@ -20,6 +20,7 @@ const NS_PER_YEAR: u64 = 365 * 24 * 3_600 * 1_000_000_000;
 pub const MAX_REFILL_NS: u64 = u64::MAX / 4;
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
     pub name: String,
@@ -39,6 +40,7 @@ pub struct RawRule {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawBucket {
     pub rate: i64,
@@ -47,6 +49,7 @@ pub struct RawBucket {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
     pub default: Option<i64>,

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 /// A request's priority class. Ordered: `Sheddable < Default < Critical`.
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
     Sheddable,
@@ -67,6 +68,7 @@ pub struct ShedderSpec {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawShedder {
     name: String,
@@ -87,6 +89,7 @@ pub struct RawShedder {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawPriority {
     header: Option<String>,
@@ -96,6 +99,7 @@ struct RawPriority {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawClassRule {
     #[serde(rename = "match")]
@@ -104,6 +108,7 @@ struct RawClassRule {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawConcurrency {
     max: i64,
@@ -112,6 +117,7 @@ struct RawConcurrency {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawLatency {
     floor_window: Option<String>,
