@@ -217,15 +217,16 @@ def rss_kb(pid):
 
 
 def sums(stats):
-    def total(prefix):
-        return sum(v for k, v in stats.items() if k.startswith(prefix))
+    def total(suffix):
+        # Every rule's series (labels are encoded before the metric name).
+        return sum(v for k, v in stats.items() if k.startswith("wasmcustom.") and k.endswith(suffix))
     return {
-        "cas_retries": total("wasmcustom.sluice_rl_cas_retries.rule."),
-        "allowed": total("wasmcustom.sluice_rl_allowed.rule."),
-        "limited": total("wasmcustom.sluice_rl_limited.rule."),
-        "store_failures": total("wasmcustom.sluice_rl_store_failures.rule."),
-        "reads_skipped": stats.get("wasmcustom.sluice_store_reads_skipped", 0),
-        "stale_reads": stats.get("wasmcustom.sluice_store_stale_reads", 0),
+        "cas_retries": total(";.;sluice_rl_cas_retries_total"),
+        "allowed": total("result=.=allowed;.;sluice_rl_requests_total"),
+        "limited": total("result=.=limited;.;sluice_rl_requests_total"),
+        "store_failures": total("result=.=store_failure;.;sluice_rl_requests_total"),
+        "reads_skipped": stats.get("wasmcustom.sluice_store_reads_skipped_total", 0),
+        "stale_reads": stats.get("wasmcustom.sluice_store_stale_reads_total", 0),
         "native_ok": sum(v for k, v in stats.items() if k.endswith("http_local_rate_limit.ok")),
         "native_limited": sum(v for k, v in stats.items() if k.endswith("http_local_rate_limit.rate_limited")),
         "rq_2xx": stats.get("http.front.downstream_rq_2xx", 0),

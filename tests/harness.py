@@ -24,11 +24,20 @@ ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
 # sluice hands its metric changes to Envoy on every worker's 100 ms tick:
 # three ticks cover a tick that runs late on a busy machine.
 METRICS_LAG_S = 0.3
-STATS_TAGS = [
-    {"tag_name": "rule", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"},
-    {"tag_name": "breaker", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.breaker\.([A-Za-z0-9_-]+))$"},
-    {"tag_name": "shedder", "regex": r"^wasmcustom\.sluice_[a-z_]+(\.shedder\.([A-Za-z0-9_-]+))$"},
-]
+# sluice's labels, as Istio's extraStatTags extract them (and as
+# envoy/envoy.yaml ships them): `NAME=.=value;.;` in a stat name.
+LABELS = ["domain", "rule", "result", "breaker", "transition", "shedder", "priority"]
+STATS_TAGS = [{"tag_name": n, "regex": rf"({n}=\.=(.*?);\.;)"} for n in LABELS]
+
+
+def metric(name, domain="default", **labels):
+    """The /stats name of a sluice metric with these labels, in the order
+    sluice writes them (domain, then rule/breaker/shedder, then the variant)."""
+    order = ["rule", "breaker", "shedder", "result", "transition", "priority"]
+    tags = [("domain", domain)] + [(k, labels[k]) for k in order if k in labels]
+    if set(labels) - set(order):
+        raise ValueError(labels)
+    return "wasmcustom." + "".join(f"{k}=.={v};.;" for k, v in tags) + name
 
 _base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))
 _lock = threading.Lock()
@@ -201,9 +210,15 @@ class Envoy:
 
     def stat(self, name, default=0):
         """One stat. sluice's own (`wasmcustom.`) metrics reach Envoy on each
-        worker's 100 ms tick, so reading one first waits out a tick."""
+        worker's 100 ms tick, so reading one first waits out a tick. They are
+        defined when the configuration loads: one missing is a wrong name,
+        an error rather than a 0 that a test could not tell apart."""
         if name.startswith("wasmcustom."):
             time.sleep(METRICS_LAG_S)
+            stats = self.stats()
+            if name not in stats:
+                raise KeyError(f"no stat {name}; sluice's: {sorted(k for k in stats if 'sluice' in k)[:20]}")
+            return stats[name]
         return self.stats().get(name, default)
 
 

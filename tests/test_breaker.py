@@ -6,7 +6,7 @@ import threading
 import time
 
 import http1
-from harness import Stack, free_port
+from harness import Stack, free_port, metric
 
 FAIL = {"x-envoy-fault-abort-request": "503"}
 
@@ -51,16 +51,16 @@ def test_opens_on_error_rate_and_fails_fast_without_reaching_the_upstream():
         body = json.loads(r.body)
         assert body["error"] == "circuit_open" and body["breaker"] == "backend"
         assert int(r.header("retry-after")) * 1000 >= body["retry_after_ms"] > 2000
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 1
-        assert s.front.stat("wasmcustom.sluice_cb_fast_failed.breaker.backend") >= 20
-        assert s.front.stat("wasmcustom.sluice_cb_state.breaker.backend") == 1
-        assert 'sluice_cb_state{breaker="backend"} 1' in s.front.admin("/stats/prometheus")
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
+        assert s.front.stat(metric("sluice_cb_fast_failed_total", breaker="backend")) >= 20
+        assert s.front.stat(metric("sluice_cb_open_keys", breaker="backend")) == 1
+        assert 'sluice_cb_open_keys{domain="default",breaker="backend"} 1' in s.front.admin("/stats/prometheus")
 
 
 def test_a_small_sample_never_trips():
     with Stack({"circuit_breakers": [breaker()]}) as s:
         assert trip(s, n=9) == [503] * 9  # 100% errors, but only 9 requests
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 0
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
         before = s.upstream_requests()
         assert http1.get(s.port).status == 200  # still reaches the upstream
         assert s.upstream_requests() == before + 1
@@ -77,9 +77,9 @@ def test_exactly_one_probe_reaches_the_upstream_and_success_closes():
         got = [r.status for b in http1.burst(s.port, batches) for r in b]
         assert s.upstream_requests() - before == 1, got
         assert got.count(200) == 1 and got.count(503) == 29
-        assert s.front.stat("wasmcustom.sluice_cb_probes.breaker.backend") == 1
+        assert s.front.stat(metric("sluice_cb_probes_total", breaker="backend")) == 1
         assert wait_until(lambda: http1.get(s.port).status == 200, 2)
-        assert s.front.stat("wasmcustom.sluice_cb_closed.breaker.backend") == 1
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="closed")) == 1
 
 
 def test_a_failed_probe_reopens_for_longer():
@@ -93,7 +93,7 @@ def test_a_failed_probe_reopens_for_longer():
         assert r.header("x-sluice-circuit") == "open"
         wait = json.loads(r.body)["retry_after_ms"]
         assert 1800 <= wait <= 2400, wait  # 2 s (doubled) plus up to 20%
-        assert s.front.stat("wasmcustom.sluice_cb_reopened.breaker.backend") == 1
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="reopened")) == 1
 
 
 def test_route_timeouts_and_refused_connections_count_as_failures():
@@ -114,7 +114,7 @@ def test_route_timeouts_and_refused_connections_count_as_failures():
         # are not failures for this breaker (only 500 and Envoy-side failures are).
         assert trip(s, n=5, path="/") == [503] * 5
         assert http1.get(s.port, "/").status == 200
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 2
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 2
 
 
 def test_a_healthy_second_cluster_is_unaffected():
@@ -129,7 +129,7 @@ def test_a_healthy_second_cluster_is_unaffected():
         # Failures on the other cluster are counted for it alone.
         assert trip(s, n=10, path="/other") == [503] * 10
         assert http1.get(s.port, "/other").header("x-sluice-circuit") == "open"
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 2
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 2
 
 
 def test_rate_limit_and_breaker_work_together():
@@ -145,4 +145,4 @@ def test_rate_limit_and_breaker_work_together():
         assert http1.get(s.port).status == 200
         r = http1.get(s.port)
         assert r.status == 429  # refused by the limiter: not an upstream failure
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.backend") == 1
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1

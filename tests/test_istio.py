@@ -20,14 +20,13 @@ import pytest
 
 import http1
 from ecds import WASM_TYPE, EcdsStack, several
-from harness import METRICS_LAG_S, ROOT, WASM
+from harness import LABELS, METRICS_LAG_S, ROOT, WASM, metric
 from test_ecds import body_rule, wait_until
 
 ISTIO = ROOT / "examples/istio"
 MANIFESTS = sorted(p for p in ISTIO.glob("*.yaml") if "kind: WasmPlugin" in p.read_text())
 FAILURE_POLICY = {"FAIL_OPEN": "FAIL_OPEN", "FAIL_CLOSE": "FAIL_CLOSED", "FAIL_RELOAD": "FAIL_RELOAD"}
 NAMESPACE = "default"
-RULE_TAG_REGEX = r"^wasmcustom\.sluice_[a-z_]+(\.rule\.([A-Za-z0-9_-]+))$"
 
 
 # --- a tiny reader for the few YAML shapes the manifests use -----------------
@@ -168,7 +167,7 @@ def test_manifest_plugin_config_loads_and_limits_in_envoy(path):
                 # leave faster than the bucket (100/s here) refills.
                 rs = conn.send_all([http1.build(req_path, headers, method)] * (2 * passing))
                 assert {r.status for r in rs} == {200}
-                assert s.front.stat(f"wasmcustom.sluice_rl_shadow_limited.rule.{rule}") >= 1
+                assert s.front.stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule, result="shadow_limited")) >= 1
                 return
             statuses = [conn.request(req_path, headers, method).status for _ in range(passing)]
             assert statuses == [200] * passing
@@ -176,7 +175,7 @@ def test_manifest_plugin_config_loads_and_limits_in_envoy(path):
         finally:
             conn.close()
         assert (last.status, body_rule(last)) == (429, rule)
-        assert s.front.stat(f"wasmcustom.sluice_rl_limited.rule.{rule}") >= 1
+        assert s.front.stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule, result="limited")) >= 1
 
 
 def test_istio_update_replaces_the_vms_but_keeps_unchanged_rules_state():
@@ -191,7 +190,7 @@ def test_istio_update_replaces_the_vms_but_keeps_unchanged_rules_state():
     t1 = {"x-tenant": "t1"}
     with m.stack(shadow) as s:
         assert [http1.get(s.port, "/", t1).status for _ in range(7)] == [200] * 7
-        assert s.front.stat("wasmcustom.sluice_rl_shadow_limited.rule.trial") == 2
+        assert s.front.stat(metric("sluice_rl_requests_total", m.name, rule="trial", result="shadow_limited")) == 2
         created = s.front.stat("wasm.envoy.wasm.runtime.v8.created")
         s.push(enforce)
         assert s.wait_stat("update_success", 2)
@@ -220,36 +219,45 @@ def test_two_wasmplugins_share_state_unless_their_domains_differ():
 
 
 def test_metrics_reach_prometheus_with_istio_stats_config():
-    """Istio's stats_config (use_all_default_tags false, inclusion list),
-    plus the proxyStatsMatcher prefix and the ConfigMap's stats tag of
-    examples/istio/metrics.yaml: sluice_rl_*{rule=...} in /stats/prometheus;
-    without the inclusion prefix, nothing."""
-    custom = json.loads(_block_after((ISTIO / "metrics.yaml").read_text(), "custom_bootstrap.json"))
-    tags = custom["stats_config"]["stats_tags"]
-    # Every stats tag the plain Envoy demo ships is in the ConfigMap.
+    """Istio's stats_config (use_all_default_tags false, inclusion list)
+    with examples/istio/metrics.yaml's proxyStatsMatcher regex and
+    extraStatTags, turned into what Istio's bootstrap generates from them:
+    sluice_*{domain=...,rule=...} in /stats/prometheus, no bootstrap
+    override; without the matcher, nothing."""
+    text = (ISTIO / "metrics.yaml").read_text()
+    spec = text[text.index("\nspec:"):]
+    regexps = re.findall(r'^\s*- "([^"]+)"$', _block_after(spec, "inclusionRegexps"), re.M)
+    extra_tags = re.findall(r"^\s*- (\w+)$", _block_after(spec, "extraStatTags"), re.M)
+    assert regexps and set(extra_tags) == set(LABELS), (regexps, extra_tags)
+    # The plain Envoy demo ships the very regexes extraStatTags generates.
     demo_tags = re.findall(r"- tag_name: (\w+)\n\s+regex: '([^']+)'", (ROOT / "envoy/envoy.yaml").read_text())
-    assert ("rule", RULE_TAG_REGEX) in demo_tags
-    assert set(demo_tags) <= {(t["tag_name"], t["regex"]) for t in tags}
-    inclusion = re.search(r"inclusionPrefixes:\s*\n#\s*- \"([^\"]+)\"", (ISTIO / "metrics.yaml").read_text()).group(1)
+    generated = [(t, rf"({t}=\.=(.*?);\.;)") for t in extra_tags]
+    assert set(demo_tags) == set(generated), demo_tags
     m = Manifest(ISTIO / "per-client.yaml")
 
-    def istio_stats(extra_prefixes):
-        patterns = [{"prefix": "reporter="}] + [{"prefix": p} for p in extra_prefixes] + [
-            {"prefix": "component"}, {"prefix": "istio"}]
+    def istio_stats(with_matcher):
+        # The YAML string "wasmcustom\\..*" is the regex wasmcustom\..*
+        patterns = [{"prefix": "reporter="}, {"prefix": "component"}, {"prefix": "istio"}]
+        if with_matcher:
+            patterns += [{"safe_regex": {"regex": r.replace("\\\\", "\\")}} for r in regexps]
         return {
             "use_all_default_tags": False,
-            "stats_tags": [{"tag_name": "response_code", "regex": r"_rq(_(\d{3}))$"}] + tags,
+            "stats_tags": [{"tag_name": "response_code", "regex": r"_rq(_(\d{3}))$"}]
+            + [{"tag_name": t, "regex": r} for t, r in generated],
             "stats_matcher": {"inclusion_list": {"patterns": patterns}},
         }
 
-    for prefixes, expect in (([inclusion], True), ([], False)):
-        with m.stack(stats_config=istio_stats(prefixes)) as s:
+    domain = m.plugin_config.get("domain", "default")
+    for with_matcher in (True, False):
+        with m.stack(stats_config=istio_stats(with_matcher)) as s:
             for _ in range(11):
                 http1.get(s.port)
             time.sleep(METRICS_LAG_S)  # sluice's counters reach Envoy on a tick
             prom = s.front.admin("/stats/prometheus")
-        if expect:
-            assert re.search(r'^sluice_rl_allowed\{rule="per-client"\} 10$', prom, re.M), prom[:2000]
-            assert re.search(r'^sluice_rl_limited\{rule="per-client"\} 1$', prom, re.M)
+        if with_matcher:
+            series = f'sluice_rl_requests_total{{domain="{domain}",rule="per-client",result='
+            assert re.search("^" + re.escape(series + '"allowed"}') + " 10$", prom, re.M), prom[-3000:]
+            assert re.search("^" + re.escape(series + '"limited"}') + " 1$", prom, re.M)
+            assert "=.=" not in prom, "a label left in a metric name"
         else:
             assert "sluice_" not in prom

@@ -7,7 +7,7 @@ import threading
 import time
 
 import http1
-from harness import Envoy, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, wasm_filter
+from harness import Envoy, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, wasm_filter, metric
 
 SLOW_MS = 20
 
@@ -93,7 +93,7 @@ def test_admitted_latency_stays_near_the_floor_under_overload_while_it_grows_wit
     with SlowStack({"shedders": [QUEUE]}) as s:
         with_sluice = load(s.port, 3)
         assert s.upstream_stats()["max_in_flight"] <= 4
-        assert s.front.stat("wasmcustom.sluice_shed_shed_default.shedder.api") > 0
+        assert s.front.stat(metric("sluice_shed_total", shedder="api", priority="default")) > 0
     # Sustained overload: the first half second (CoDel's first intervals) aside.
     base = p99([r[1] for r in without if r[0] == 200 and r[4] > 0.5])
     admitted = [r[1] for r in with_sluice if r[0] == 200 and r[4] > 0.5]
@@ -132,7 +132,7 @@ def test_sheddable_work_is_shed_before_critical_work_and_shedding_stops_afterwar
         c = http1.Conn(s.port)
         quiet = [c.request("/", {"x-priority": "sheddable"}).status for _ in range(10)]
         assert quiet == [200] * 10
-        assert s.front.stat("wasmcustom.sluice_shed_overloaded_workers.shedder.api") == 0
+        assert s.front.stat(metric("sluice_shed_overloaded_workers", shedder="api")) == 0
 
 
 def test_no_slot_leaks_whatever_way_requests_end():
@@ -141,12 +141,12 @@ def test_no_slot_leaks_whatever_way_requests_end():
         load(s.port, 2, abandon_every=3)  # a third of the requests abandoned mid-flight
         deadline = time.time() + 5
         while time.time() < deadline and (
-            s.front.stat("wasmcustom.sluice_shed_in_flight.shedder.api") != 0
-            or s.front.stat("wasmcustom.sluice_shed_queued.shedder.api") != 0
+            s.front.stat(metric("sluice_shed_in_flight", shedder="api")) != 0
+            or s.front.stat(metric("sluice_shed_queued", shedder="api")) != 0
         ):
             time.sleep(0.05)
-        assert s.front.stat("wasmcustom.sluice_shed_in_flight.shedder.api") == 0
-        assert s.front.stat("wasmcustom.sluice_shed_queued.shedder.api") == 0
+        assert s.front.stat(metric("sluice_shed_in_flight", shedder="api")) == 0
+        assert s.front.stat(metric("sluice_shed_queued", shedder="api")) == 0
         # All 4 slots are really free: 4 concurrent requests pass without queueing.
         got = http1.burst(s.port, [[http1.build("/")] for _ in range(4)])
         assert [b[0].status for b in got] == [200] * 4
@@ -183,7 +183,7 @@ def test_latency_mode_sheds_sheddable_work_when_upstream_latency_rises():
         shed = [r for r in got if r[0] == 503]
         assert shed, "no shedding under 4x overload"
         assert all(r[3] == "sheddable" for r in shed)
-        assert s.front.stat("wasmcustom.sluice_shed_shed_critical.shedder.lat") == 0
+        assert s.front.stat(metric("sluice_shed_total", shedder="lat", priority="critical")) == 0
 
 
 def test_requests_sluice_sheds_are_not_upstream_failures_for_a_breaker():
@@ -196,7 +196,7 @@ def test_requests_sluice_sheds_are_not_upstream_failures_for_a_breaker():
         time.sleep(0.1)
         # Most requests were answered 503 by sluice itself, yet the breaker,
         # which trips at 20% errors, saw only the upstream's successes.
-        assert s.front.stat("wasmcustom.sluice_cb_opened.breaker.up") == 0
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="up", transition="opened")) == 0
         assert [http1.get(s.port).status for _ in range(3)] == [200] * 3
 
 
@@ -216,7 +216,7 @@ def test_with_leased_slots_the_limit_still_holds_across_workers_and_nothing_leak
         for _ in range(3):
             assert_burst_within_limit(port, 64)
             time.sleep(0.3)  # ticks: the leases go back
-            assert front.stat("wasmcustom.sluice_shed_in_flight.shedder.wide") == 0
+            assert front.stat(metric("sluice_shed_in_flight", shedder="wide")) == 0
         assert up.stats()["max_in_flight"] <= 64
 
 

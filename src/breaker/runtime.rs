@@ -83,10 +83,14 @@ const STORE_DOWN_RETRY_MS: u64 = 1000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     pub breaker: usize,
+    /// The breaker key (see `Breakers::key_name` for its value).
+    pub key: u64,
     pub transition: Transition,
 }
 
 struct Local {
+    /// The key's value (the cluster, route or header value), for logs.
+    name: Box<str>,
     state: State,
     fetched_ms: Option<u64>,
     pending: u32,
@@ -157,7 +161,8 @@ impl Breakers {
         })
     }
 
-    fn key_of(&self, spec: &BreakerSpec, req: &dyn RequestView) -> Option<u64> {
+    /// The request's key for a breaker: its hash, and its value.
+    fn key_of(&self, spec: &BreakerSpec, req: &dyn RequestView) -> Option<(u64, Vec<u8>)> {
         let value = match &spec.key {
             BreakerKey::Cluster => req.attribute(Attribute::ClusterName),
             BreakerKey::Route => req.attribute(Attribute::RouteName),
@@ -165,7 +170,13 @@ impl Breakers {
         }?;
         let mut h = Keyed::new(self.seed);
         h.field(&value);
-        Some(h.finish())
+        Some((h.finish(), value))
+    }
+
+    /// The value of a tracked key (the cluster, route or header value it
+    /// was seen with), for logs.
+    pub fn key_name(&self, breaker: usize, key: u64) -> &str {
+        self.local.get(&(breaker, key)).map_or("?", |l| &l.name)
     }
 
     fn shared_key(&self, breaker: usize, key: u64) -> String {
@@ -227,12 +238,12 @@ impl Breakers {
             if !rule.spec.matcher.matches(req) {
                 continue;
             }
-            let Some(key) = self.key_of(&rule.spec, req) else {
+            let Some((key, value)) = self.key_of(&rule.spec, req) else {
                 continue;
             };
             let spec = rule.spec.clone();
             let (retry_after_ms, half_open) =
-                match self.check_one(store, now_ms, (b, key), &spec, events) {
+                match self.check_one(store, now_ms, (b, key), &value, &spec, events) {
                     One::Pass(t) => {
                         tickets.extend(t);
                         continue;
@@ -259,10 +270,11 @@ impl Breakers {
         store: &dyn Store,
         now_ms: u64,
         (b, key): (usize, u64),
+        value: &[u8],
         spec: &BreakerSpec,
         events: &mut Vec<Event>,
     ) -> One {
-        if !self.track(b, key, spec, now_ms) {
+        if !self.track(b, key, value, spec, now_ms) {
             return One::Pass(None); // beyond max_keys: not tracked, passes
         }
         if self.refresh(store, b, key, now_ms).is_err() {
@@ -288,7 +300,7 @@ impl Breakers {
     }
 
     /// Starts tracking a key if there is room; whether it is tracked.
-    fn track(&mut self, b: usize, key: u64, spec: &BreakerSpec, now_ms: u64) -> bool {
+    fn track(&mut self, b: usize, key: u64, value: &[u8], spec: &BreakerSpec, now_ms: u64) -> bool {
         if self.local.contains_key(&(b, key)) {
             return true;
         }
@@ -302,6 +314,7 @@ impl Breakers {
         self.local.insert(
             (b, key),
             Local {
+                name: String::from_utf8_lossy(value.get(..128).unwrap_or(value)).into(),
                 state: State::new(),
                 fetched_ms: None,
                 pending: 0,
@@ -345,6 +358,7 @@ impl Breakers {
                 if let Some(t) = transition {
                     events.push(Event {
                         breaker: b,
+                        key,
                         transition: t,
                     });
                 }
@@ -448,6 +462,7 @@ impl Breakers {
                 if let Some(t) = transition {
                     events.push(Event {
                         breaker: b,
+                        key,
                         transition: t,
                     });
                 }

@@ -12,12 +12,14 @@ use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use crate::store::Store;
-use log::{info, warn};
+use log::info;
 
-/// Metric ids of one breaker (`sluice_cb_<what>.breaker.<name>`).
+/// Metric ids of one breaker (labels `domain`, `breaker`).
 #[derive(Default, Clone, Copy)]
 struct OneBreaker {
-    state: MetricId,
+    /// Keys not closed (open or half-open), summed over every VM: +1 when
+    /// one opens, -1 when one closes, whichever VM sees it.
+    open_keys: MetricId,
     opened: MetricId,
     half_opened: MetricId,
     closed: MetricId,
@@ -49,15 +51,25 @@ pub fn build(
         .breakers
         .iter()
         .map(|b| {
-            let mut m = |kind, what| reg.tagged(kind, "cb_", what, "breaker", &b.name);
+            let labels = [
+                ("domain", config.domain.as_str()),
+                ("breaker", b.name.as_str()),
+            ];
+            let mut transition = |t| {
+                let l = [labels[0], labels[1], ("transition", t)];
+                reg.labelled(Kind::Counter, "sluice_cb_transitions_total", &l)
+            };
+            let (opened, half_opened) = (transition("opened"), transition("half_opened"));
+            let (closed, reopened) = (transition("closed"), transition("reopened"));
+            let mut m = |kind, name| reg.labelled(kind, name, &labels);
             OneBreaker {
-                state: m(Kind::Gauge, "state"),
-                opened: m(Kind::Counter, "opened"),
-                half_opened: m(Kind::Counter, "half_opened"),
-                closed: m(Kind::Counter, "closed"),
-                reopened: m(Kind::Counter, "reopened"),
-                fast_failed: m(Kind::Counter, "fast_failed"),
-                probes: m(Kind::Counter, "probes"),
+                opened,
+                half_opened,
+                closed,
+                reopened,
+                open_keys: m(Kind::Gauge, "sluice_cb_open_keys"),
+                fast_failed: m(Kind::Counter, "sluice_cb_fast_failed_total"),
+                probes: m(Kind::Counter, "sluice_cb_probes_total"),
             }
         })
         .collect();
@@ -65,7 +77,11 @@ pub fn build(
         breakers: Breakers::new(config, seed)?,
         jitter_ns: config.response.retry_after_jitter_ns,
         metrics,
-        store_failures: reg.untagged(Kind::Counter, "sluice_cb_store_failures"),
+        store_failures: reg.labelled(
+            Kind::Counter,
+            "sluice_cb_store_failures_total",
+            &[("domain", config.domain.as_str())],
+        ),
         tickets: FastMap::default(),
     })))
 }
@@ -93,37 +109,40 @@ impl BreakerStage {
         r
     }
 
-    /// Counts a transition, sets the state gauge (0 closed, 1 open, 2
-    /// half-open) and logs it.
+    /// Counts a transition, keeps the open-keys gauge, and logs it at
+    /// info, naming the key.
     fn transition(&self, cx: &mut Cx<'_, '_>, e: Event) {
         let name = self
             .breakers
             .rules
             .get(e.breaker)
             .map_or("", |r| r.spec.name.as_str());
+        let key = self.breakers.key_name(e.breaker, e.key);
         let Some(m) = self.metrics.get(e.breaker) else {
             return;
         };
-        let (counter, state) = match e.transition {
+        let (counter, open_keys) = match e.transition {
             Transition::Opened { open_ms } => {
-                warn!("sluice: circuit breaker `{name}` opened for {open_ms} ms");
+                info!("sluice: circuit breaker `{name}` opened for `{key}` for {open_ms} ms");
                 (m.opened, 1)
             }
             Transition::Reopened { open_ms } => {
-                warn!("sluice: circuit breaker `{name}` probe failed; open again for {open_ms} ms");
-                (m.reopened, 1)
+                info!("sluice: circuit breaker `{name}`: a probe to `{key}` failed; open again for {open_ms} ms");
+                (m.reopened, 0)
             }
             Transition::HalfOpened => {
-                info!("sluice: circuit breaker `{name}` half-open: probing");
-                (m.half_opened, 2)
+                info!("sluice: circuit breaker `{name}` half-open for `{key}`: probing");
+                (m.half_opened, 0)
             }
             Transition::Closed => {
-                info!("sluice: circuit breaker `{name}` closed");
-                (m.closed, 0)
+                info!("sluice: circuit breaker `{name}` closed for `{key}`");
+                (m.closed, -1)
             }
         };
         cx.add_now(counter, 1);
-        cx.record(m.state, state);
+        if open_keys != 0 {
+            cx.add_now(m.open_keys, open_keys);
+        }
     }
 
     /// Reports the outcome of every ticket the stream holds.

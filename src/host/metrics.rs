@@ -97,8 +97,10 @@ impl Sink for HostSink<'_> {
 }
 
 /// The VM's shared-data reads saved by remembering its own writes
-/// (`sluice_store_reads_skipped`) and remembered values found out of date
-/// (`sluice_store_stale_reads`); see `store::Remembering`.
+/// (`sluice_store_reads_skipped_total`) and remembered values found out of
+/// date (`sluice_store_stale_reads_total`); see `store::Remembering`. They
+/// belong to the proxy (every configuration of a VM shares the layer), so
+/// they carry no `domain`.
 #[derive(Default)]
 pub struct StoreMetrics {
     reads_skipped: u32,
@@ -109,8 +111,8 @@ impl StoreMetrics {
     pub fn define() -> Self {
         let counter = |name| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
         StoreMetrics {
-            reads_skipped: counter("sluice_store_reads_skipped"),
-            stale_reads: counter("sluice_store_stale_reads"),
+            reads_skipped: counter("sluice_store_reads_skipped_total"),
+            stale_reads: counter("sluice_store_stale_reads_total"),
         }
     }
 

@@ -3,10 +3,15 @@
 //! [`Sink`] by the ids the registry gave. The host defines the names with
 //! Envoy and maps the ids; the core never sees Envoy's metric ids.
 //!
-//! Names are `sluice_<mechanism>_<what>.<tag>.<name>`, such as
-//! `sluice_rl_allowed.rule.<rule>`: Envoy shows them with a `wasmcustom.`
-//! prefix in /stats, and with the `stats_tags` shipped in `envoy/`, as
-//! `sluice_rl_allowed{rule="<rule>"}` in /stats/prometheus.
+//! Names follow Prometheus and Istio: counters end in `_total`, variants
+//! are labels, and every series of a configuration carries its `domain`.
+//! Labels are encoded in the name as Istio's own stats encode theirs,
+//! `domain=.=default;.;rule=.=per-client;.;result=.=allowed;.;sluice_rl_requests_total`,
+//! so that Istio's `extraStatTags` (or the `stats_tags` shipped in
+//! `envoy/`, the same regexes, in plain Envoy) turn them into labels:
+//! `sluice_rl_requests_total{domain="default",rule="per-client",result="allowed"}`.
+//! Label values are names the configuration validated (`[A-Za-z0-9_-]`) or
+//! fixed words, so they never contain the encoding's separators.
 
 /// An index into the registry.
 pub type MetricId = u32;
@@ -32,17 +37,29 @@ pub struct Registry {
     pub defs: Vec<MetricDef>,
 }
 
+/// Every label name sluice uses, for `extraStatTags` and `stats_tags`.
+pub const LABELS: [&str; 7] = [
+    "domain",
+    "rule",
+    "result",
+    "breaker",
+    "transition",
+    "shedder",
+    "priority",
+];
+
 impl Registry {
-    /// Defines `sluice_<prefix><what>.<tag>.<name>` (or finds it).
-    pub fn tagged(
-        &mut self,
-        kind: Kind,
-        prefix: &str,
-        what: &str,
-        tag: &str,
-        name: &str,
-    ) -> MetricId {
-        self.untagged(kind, &format!("sluice_{prefix}{what}.{tag}.{name}"))
+    /// Defines the metric `name` with these labels (or finds it).
+    pub fn labelled(&mut self, kind: Kind, name: &str, labels: &[(&str, &str)]) -> MetricId {
+        let mut full = String::new();
+        for (k, v) in labels {
+            full.push_str(k);
+            full.push_str("=.=");
+            full.push_str(v);
+            full.push_str(";.;");
+        }
+        full.push_str(name);
+        self.untagged(kind, &full)
     }
 
     /// Defines the metric `name` (or finds it).
@@ -66,4 +83,33 @@ pub trait Sink {
     fn add_now(&mut self, m: MetricId, by: i64);
     /// Sets a gauge, or records a histogram value, at once.
     fn record(&mut self, m: MetricId, value: u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn labels_are_encoded_as_istio_extracts_them() {
+        let mut r = Registry::default();
+        let m = r.labelled(
+            Kind::Counter,
+            "sluice_rl_requests_total",
+            &[("domain", "d"), ("rule", "r-1"), ("result", "allowed")],
+        );
+        assert_eq!(
+            r.defs[m as usize].name,
+            "domain=.=d;.;rule=.=r-1;.;result=.=allowed;.;sluice_rl_requests_total"
+        );
+        assert_eq!(
+            r.labelled(
+                Kind::Counter,
+                "sluice_rl_requests_total",
+                &[("domain", "d"), ("rule", "r-1"), ("result", "allowed")]
+            ),
+            m
+        );
+    }
 }

@@ -243,6 +243,11 @@ impl Sim {
     }
 
     fn gauge(&self, name: &str) -> i64 {
+        let defined = self
+            .pipelines
+            .iter()
+            .any(|(_, r)| r.names.iter().any(|n| n == name));
+        assert!(defined, "no metric {name}");
         self.pipelines
             .iter()
             .map(|(_, r)| r.sums.get(name).copied().unwrap_or(0))
@@ -317,7 +322,7 @@ fn lifecycle(seed: u64) -> (u32, u32) {
         "seed {seed}: slots, waiters or probe claims left"
     );
     for g in ["in_flight", "queued"] {
-        let name = format!("sluice_shed_{g}.shedder.q");
+        let name = format!("domain=.=default;.;shedder=.=q;.;sluice_shed_{g}");
         assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
     }
     (sim.resumed, sim.shed_from_queue)

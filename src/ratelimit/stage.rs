@@ -9,7 +9,7 @@ use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
 use log::info;
 
-/// Metric ids of one rule (`sluice_rl_<what>.rule.<name>`).
+/// Metric ids of one rule (labels `domain`, `rule`).
 #[derive(Default, Clone, Copy)]
 struct RuleMetrics {
     allowed: MetricId,
@@ -44,16 +44,27 @@ pub fn build(
         .rules
         .iter()
         .map(|r| {
-            let mut m = |kind, what| reg.tagged(kind, "rl_", what, "rule", &r.name);
+            let labels = [
+                ("domain", config.domain.as_str()),
+                ("rule", r.name.as_str()),
+            ];
+            let mut result = |value| {
+                let l = [labels[0], labels[1], ("result", value)];
+                reg.labelled(Kind::Counter, "sluice_rl_requests_total", &l)
+            };
+            let (allowed, limited) = (result("allowed"), result("limited"));
+            let (shadow_limited, store_failures) =
+                (result("shadow_limited"), result("store_failure"));
+            let mut m = |kind, name| reg.labelled(kind, name, &labels);
             RuleMetrics {
-                table_entries: m(Kind::Gauge, "table_entries"),
-                allowed: m(Kind::Counter, "allowed"),
-                limited: m(Kind::Counter, "limited"),
-                shadow_limited: m(Kind::Counter, "shadow_limited"),
-                store_failures: m(Kind::Counter, "store_failures"),
-                cas_retries: m(Kind::Counter, "cas_retries"),
-                corrupt: m(Kind::Counter, "corrupt_state"),
-                collisions: m(Kind::Counter, "collisions"),
+                allowed,
+                limited,
+                shadow_limited,
+                store_failures,
+                table_entries: m(Kind::Gauge, "sluice_rl_table_entries"),
+                cas_retries: m(Kind::Counter, "sluice_rl_cas_retries_total"),
+                corrupt: m(Kind::Counter, "sluice_rl_corrupt_state_total"),
+                collisions: m(Kind::Counter, "sluice_rl_collisions_total"),
             }
         })
         .collect();

@@ -13,7 +13,7 @@ use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use log::{debug, warn};
 
-/// Metric ids of one shedder (`sluice_shed_<what>.shedder.<name>`).
+/// Metric ids of one shedder (labels `domain`, `shedder`).
 #[derive(Default, Clone, Copy)]
 struct OneShedder {
     in_flight: MetricId,
@@ -50,17 +50,26 @@ pub fn build(
         .shedders
         .iter()
         .map(|s| {
-            let mut m = |kind, what| reg.tagged(kind, "shed_", what, "shedder", &s.name);
+            let labels = [
+                ("domain", config.domain.as_str()),
+                ("shedder", s.name.as_str()),
+            ];
+            let mut shed = |class: Class| {
+                let l = [labels[0], labels[1], ("priority", class.name())];
+                reg.labelled(Kind::Counter, "sluice_shed_total", &l)
+            };
+            let shed = [
+                shed(Class::Sheddable),
+                shed(Class::Default),
+                shed(Class::Critical),
+            ];
+            let mut m = |kind, name| reg.labelled(kind, name, &labels);
             OneShedder {
-                in_flight: m(Kind::Gauge, "in_flight"),
-                queued: m(Kind::Gauge, "queued"),
-                queue_ms: m(Kind::Histogram, "queue_ms"),
-                overloaded: m(Kind::Gauge, "overloaded_workers"),
-                shed: [
-                    m(Kind::Counter, "shed_sheddable"),
-                    m(Kind::Counter, "shed_default"),
-                    m(Kind::Counter, "shed_critical"),
-                ],
+                in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
+                queued: m(Kind::Gauge, "sluice_shed_queued"),
+                queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
+                overloaded: m(Kind::Gauge, "sluice_shed_overloaded_workers"),
+                shed,
             }
         })
         .collect();
