@@ -6,6 +6,7 @@ test process, and is stopped when the `with` block ends.
 """
 
 import json
+import re
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -323,3 +325,41 @@ def assert_burst_within_limit(port, limit, n=100, workers=2):
     ok = got.count(200)
     assert limit - 2 * workers <= ok <= limit, got
     assert got.count(503) == n - ok
+
+
+def port_free(port):
+    """Whether nothing listens on 127.0.0.1:port."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def get_status(port):
+    """One GET / with urllib: (status, lower-cased headers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}
+
+
+def assert_demo_limit(port, admin_port):
+    """The demo rule of envoy/envoy.yaml seen from outside: 10 at once per
+    client address (a readiness probe from another address spent none),
+    then 429s with Retry-After, beyond the burst only what refilled
+    meanwhile (1 per second), and the refusals in the admin's metrics."""
+    t0 = time.time()
+    got = [get_status(port) for _ in range(20)]
+    elapsed = time.time() - t0
+    codes = [c for c, _ in got]
+    assert codes[:10] == [200] * 10 and codes[-1] == 429 and set(codes) == {200, 429}, codes
+    assert codes.count(200) <= 10 + int(elapsed) + 1, (codes, elapsed)
+    assert "retry-after" in got[-1][1], got[-1][1]
+    time.sleep(METRICS_LAG_S)
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=5) as r:
+        prom = r.read().decode()
+    assert re.search(r'^sluice_rl_requests_total\{domain="default",rule="per-client",result="limited"\} [1-9]', prom, re.M), prom[-2000:]

@@ -14,29 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import ROOT, WASM, free_port
+from harness import ROOT, WASM, assert_demo_limit, free_port, port_free
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import container  # noqa: E402
 import demo  # noqa: E402
-
-
-def get(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}
-    except urllib.error.HTTPError as e:
-        return e.code, {k.lower(): v for k, v in e.headers.items()}
-
-
-def port_free(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def processes_mentioning(text):
@@ -117,18 +99,8 @@ def test_sluice_in_a_local_envoy_container():
                 assert sorted(filter(None, mounts.split(","))) == sorted(p for _, p, _ in svc["volumes"]), info
                 assert f'"--base-id","{ports[container.SERVICES[name]]}"' in args, info
 
-            # The demo limit through the container: 10 at once per client
-            # address (the readiness probe came from another address).
-            t0 = time.time()
-            got = [get(ports["PORT"]) for _ in range(20)]
-            elapsed = time.time() - t0
-            codes = [c for c, _ in got]
-            assert codes[:10] == [200] * 10 and codes[-1] == 429 and set(codes) == {200, 429}, codes
-            # Beyond the burst, only what refilled meanwhile (1 per second).
-            assert codes.count(200) <= 10 + int(elapsed) + 1, (codes, elapsed)
-            assert "retry-after" in got[-1][1]
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports['ADMIN_PORT']}/stats/prometheus", timeout=5) as r:
-                assert "sluice_rl_limited" in r.read().decode()
+            # The demo limit through the container.
+            assert_demo_limit(ports["PORT"], ports["ADMIN_PORT"])
 
             # It is the container that answers: stopped, nothing does.
             daemon.docker("stop", "-t", "5", d.started[-1], timeout=60)
