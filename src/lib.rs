@@ -13,7 +13,7 @@
 //!   mechanism), `config.rs` (its JSON and validation), `codec.rs` (its
 //!   shared-data bytes), `reply.rs` (what a refused client sees),
 //!   `stage.rs` (its [`pipeline::Stage`]): [`ratelimit`], [`breaker`],
-//!   [`shed`].
+//!   [`shed`], [`retry`].
 //! - [`config`]: the whole configuration; [`config::fields`] holds the
 //!   validators every mechanism shares.
 //! - [`store`]: shared data as a compare-and-swap store, the layer that
@@ -43,6 +43,7 @@ pub mod pipeline;
 pub mod ratelimit;
 pub mod reply;
 pub mod request;
+pub mod retry;
 pub mod rng;
 pub mod shed;
 pub mod store;

@@ -6,7 +6,12 @@ use super::{parse, ConfigError};
 use serde_json::{Map, Value};
 
 /// The lists whose items are checked one by one.
-const LISTS: [&str; 3] = ["rate_limits", "circuit_breakers", "shedders"];
+const LISTS: [&str; 4] = [
+    "rate_limits",
+    "circuit_breakers",
+    "shedders",
+    "retry_budgets",
+];
 
 /// Every problem of a configuration, each naming its field: the top level,
 /// then each item of each list on its own (the first problem of each), then

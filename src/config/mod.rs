@@ -11,6 +11,7 @@ mod tests;
 use crate::breaker::config::{self as breaker_config, BreakerSpec, RawBreaker};
 use crate::duration::{parse_duration, NS_PER_S};
 use crate::ratelimit::config::{self as rule_config, RawRule, RuleSpec};
+use crate::retry::config::{self as retry_config, BudgetSpec, RawBudget};
 use crate::shed::config::{self as shed_config, RawShedder, ShedderSpec};
 use fields::Strict;
 pub use fields::{check_name, err, ConfigError};
@@ -36,6 +37,8 @@ struct RawConfig {
     circuit_breakers: Vec<Strict<RawBreaker>>,
     #[serde(default)]
     shedders: Vec<Strict<RawShedder>>,
+    #[serde(default)]
+    retry_budgets: Vec<Strict<RawBudget>>,
 }
 
 #[derive(Deserialize)]
@@ -110,6 +113,7 @@ pub struct Config {
     pub max_cas_retries: u32,
     pub breakers: Vec<BreakerSpec>,
     pub shedders: Vec<ShedderSpec>,
+    pub retry_budgets: Vec<BudgetSpec>,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -173,7 +177,15 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         shed_config::validate,
         |s| &s.name,
     )?;
+    let retry_budgets = items(
+        "retry_budgets",
+        "retry budget",
+        raw.retry_budgets,
+        retry_config::validate,
+        |b| &b.name,
+    )?;
     Ok(Config {
+        retry_budgets,
         breakers,
         shedders,
         domain,

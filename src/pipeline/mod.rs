@@ -1,7 +1,7 @@
 //! The request pipeline: what happens to a request from its headers to the
 //! end of its stream, as pure code. It owns the order of the mechanisms
-//! (breakers first, so a fast-failed request spends no token; then rate
-//! limits; then shedders, which may queue), the per-stream state (which
+//! (breakers first, so a fast-failed request spends no token; then retry
+//! budgets; then rate limits; then shedders, which may queue), the per-stream state (which
 //! stages hold something for a stream), the exactly-once release on every
 //! way a stream ends, and the tick.
 //!
@@ -97,6 +97,7 @@ impl Pipeline {
         // The registration list: one line per mechanism, in request order.
         let stages: Vec<Box<dyn Stage>> = [
             crate::breaker::stage::build(config, seed, &mut metrics)?,
+            crate::retry::stage::build(config, &mut metrics)?,
             crate::ratelimit::stage::build(config, seed, &mut metrics)?,
             crate::shed::stage::build(config, now_ms, worker, &mut metrics)?,
         ]

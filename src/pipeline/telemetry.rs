@@ -38,8 +38,9 @@ pub struct Registry {
 }
 
 /// Every label name sluice uses, for `extraStatTags` and `stats_tags`.
-pub const LABELS: [&str; 7] = [
+pub const LABELS: [&str; 8] = [
     "domain",
+    "budget",
     "rule",
     "result",
     "breaker",

@@ -62,6 +62,18 @@ pub enum Wake {
     Shed { waiter: Waiter },
 }
 
+/// The shared entry found (none yet: empty); one that does not decode is
+/// counted and replaced by an empty one.
+fn found_entry(found: Option<&crate::store::Entry>, failures: &mut u64) -> Shared {
+    match found {
+        Some(e) => decode_shared(&e.bytes).unwrap_or_else(|| {
+            *failures += 1;
+            Shared::default()
+        }),
+        None => Shared::default(),
+    }
+}
+
 /// A shedder and its shared in-flight counter key.
 #[derive(Debug, Clone)]
 pub struct Shedder {
@@ -288,13 +300,7 @@ impl Shedders {
         // When the oldest waiter another worker claims arrived.
         let mut oldest_other: Option<u64> = None;
         let granted = update(store, &key, self.max_retries, |found| {
-            let old = match found {
-                Some(e) => decode_shared(&e.bytes).unwrap_or_else(|| {
-                    *failures += 1;
-                    Shared::default()
-                }),
-                None => Shared::default(),
-            };
+            let old = found_entry(found, failures);
             refusal = false;
             oldest_other = old
                 .claims

@@ -1,0 +1,25 @@
+//! What a client whose retry was over budget sees: distinct from a rate
+//! limit (`x-sluice-retry-budget: exhausted`, error `retry_budget_exhausted`).
+
+use crate::duration::NS_PER_S;
+use crate::reply::{json_str, retry_after_secs, Rejection, GRPC_RESOURCE_EXHAUSTED};
+use crate::rng::SplitMix;
+
+/// The refusal of a retry over budget `name`.
+pub fn rejection(name: &str, status: u32, spread_ns: u64, rng: &mut SplitMix) -> Rejection {
+    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
+    Rejection {
+        status,
+        headers: vec![
+            ("retry-after", retry_after.to_string()),
+            ("x-sluice-retry-budget", "exhausted".to_string()),
+        ],
+        body: format!(
+            "{{\"error\":\"retry_budget_exhausted\",\"budget\":{},\"retry_after_s\":{retry_after}}}",
+            json_str(name)
+        ),
+        grpc_status: GRPC_RESOURCE_EXHAUSTED,
+        grpc_message: format!("retry budget {name} exhausted; retry in {retry_after} s"),
+        reason: format!("retry_budget/{name}"),
+    }
+}

@@ -1,0 +1,127 @@
+//! Retry budgets in the pipeline, after the breakers and before the rate
+//! limits (a retry refused by its budget spends no token): counts first
+//! tries, decides on retries, merges the counts on the tick.
+
+use super::{Budgets, Verdict};
+use crate::config::{Config, ConfigError};
+use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
+use crate::pipeline::telemetry::{Kind, MetricId, Registry};
+use crate::request::RequestView;
+
+/// Metric ids of one budget (labels `domain`, `budget`).
+#[derive(Default, Clone, Copy)]
+struct OneBudget {
+    first_tries: MetricId,
+    admitted: MetricId,
+    refused: MetricId,
+    ratio: MetricId,
+}
+
+/// The retry-budget stage of one configuration.
+pub struct RetryStage {
+    budgets: Budgets,
+    jitter_ns: u64,
+    metrics: Vec<OneBudget>,
+    store_failures: MetricId,
+}
+
+/// The stage, if the configuration has retry budgets.
+pub fn build(config: &Config, reg: &mut Registry) -> Result<Option<Box<dyn Stage>>, ConfigError> {
+    if config.retry_budgets.is_empty() {
+        return Ok(None);
+    }
+    let metrics = config
+        .retry_budgets
+        .iter()
+        .map(|b| {
+            let labels = [
+                ("domain", config.domain.as_str()),
+                ("budget", b.name.as_str()),
+            ];
+            let mut result = |value| {
+                let l = [labels[0], labels[1], ("result", value)];
+                reg.labelled(Kind::Counter, "sluice_retry_requests_total", &l)
+            };
+            let (first_tries, admitted) = (result("first_try"), result("retry_admitted"));
+            let refused = result("retry_refused");
+            OneBudget {
+                first_tries,
+                admitted,
+                refused,
+                ratio: reg.labelled(Kind::Gauge, "sluice_retry_ratio_permille", &labels),
+            }
+        })
+        .collect();
+    Ok(Some(Box::new(RetryStage {
+        budgets: Budgets::new(config)?,
+        jitter_ns: config.response.retry_after_jitter_ns,
+        metrics,
+        store_failures: reg.labelled(
+            Kind::Counter,
+            "sluice_retry_store_failures_total",
+            &[("domain", config.domain.as_str())],
+        ),
+    })))
+}
+
+impl RetryStage {
+    fn count_failures(&self, cx: &mut Cx<'_, '_>, before: u64) {
+        let n = self.budgets.store_failures - before;
+        if n > 0 {
+            cx.add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+impl Stage for RetryStage {
+    fn start(&mut self, cx: &mut Cx<'_, '_>) -> Result<(), String> {
+        self.budgets
+            .create(cx.store())
+            .map_err(|e| format!("could not create retry budgets in shared data: {e:?}"))
+    }
+
+    fn request(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        _stream: StreamId,
+        req: &dyn RequestView,
+    ) -> Decision {
+        for b in 0..self.budgets.rules.len() {
+            let Some(rule) = self.budgets.rules.get(b) else {
+                continue;
+            };
+            if !rule.spec.matcher.matches(req) {
+                continue;
+            }
+            let m = self.metrics.get(b).copied().unwrap_or_default();
+            if !self.budgets.is_retry(b, req) {
+                self.budgets.first_try(b);
+                cx.add(m.first_tries, 1);
+                continue;
+            }
+            let now = cx.now_ms();
+            let before = self.budgets.store_failures;
+            let (verdict, ratio) = self.budgets.retry(cx.store(), now, b);
+            self.count_failures(cx, before);
+            cx.record(m.ratio, ratio);
+            if verdict == Verdict::Refuse {
+                cx.add(m.refused, 1);
+                let spec = &self.budgets.rules.get(b).map(|r| r.spec.clone());
+                let Some(spec) = spec else {
+                    continue;
+                };
+                let r = super::reply::rejection(&spec.name, spec.status, self.jitter_ns, cx.rng);
+                return Decision::of(Step::Reply(r), false);
+            }
+            cx.add(m.admitted, 1);
+        }
+        Decision::pass()
+    }
+
+    fn tick(&mut self, cx: &mut Cx<'_, '_>) {
+        let now = cx.now_ms();
+        let before = self.budgets.store_failures;
+        self.budgets.flush(cx.store(), now);
+        self.count_failures(cx, before);
+    }
+}

@@ -1,0 +1,69 @@
+"""End to end: a retry budget in a real Envoy with 2 workers holds its ratio
+under a retry storm from many connections (both workers), refuses retries
+over budget at once with a distinct answer, and recovers when the storm
+ends."""
+
+import json
+import threading
+import time
+
+import http1
+from harness import Stack, metric
+
+RETRY = {"x-envoy-attempt-count": "2"}
+CFG = {"retry_budgets": [{"name": "api", "ratio": 0.1, "min_per_second": 1, "window": "2s"}]}
+
+
+def storm(port, first_tries, retries, threads=4):
+    """Each thread sends its share of first tries and retries, interleaved,
+    on new connections now and then (so both workers see traffic)."""
+    out = []
+    lock = threading.Lock()
+
+    def run(i):
+        c = http1.Conn(port)
+        for n in range(first_tries // threads + retries // threads):
+            if n % 10 == 0:
+                c.close()
+                c = http1.Conn(port)
+            retry = n % ((first_tries + retries) // retries) == 0
+            t = time.time()
+            r = c.request("/", RETRY if retry else {})
+            with lock:
+                out.append((retry, r.status, time.time() - t, r))
+        c.close()
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def test_a_retry_storm_stays_within_the_budget_and_the_budget_recovers():
+    with Stack(CFG) as s:
+        got = storm(s.port, 400, 400)
+        tries = sum(1 for r in got if not r[0])
+        admitted = [r for r in got if r[0] and r[1] == 200]
+        refused = [r for r in got if r[0] and r[1] != 200]
+        assert all(r[1] == 200 for r in got if not r[0]), "a first try was refused"
+        # 10% of the first tries plus 1 per second over the 2 s window (and
+        # the window before); first tries merge on the 100 ms tick, so the
+        # budget can only lag behind, never run ahead.
+        assert 1 <= len(admitted) <= tries // 10 + 4, (len(admitted), tries)
+        assert refused, "no retry was refused during the storm"
+        r = refused[0][3]
+        assert r.status == 429 and r.header("x-sluice-retry-budget") == "exhausted"
+        assert json.loads(r.body)["error"] == "retry_budget_exhausted"
+        assert int(r.header("retry-after")) >= 1
+        assert max(x[2] for x in refused) < 0.5, "a refused retry was held"
+        assert s.front.stat(metric("sluice_retry_requests_total", budget="api", result="retry_refused")) == len(refused)
+        assert s.front.stat(metric("sluice_retry_requests_total", budget="api", result="retry_admitted")) == len(admitted)
+        # The storm ends: after two windows of first tries only, retries fit.
+        c = http1.Conn(s.port)
+        deadline = time.time() + 4.5
+        while time.time() < deadline:
+            assert c.request("/").status == 200
+            time.sleep(0.02)
+        assert c.request("/", RETRY).status == 200
