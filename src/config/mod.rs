@@ -9,6 +9,7 @@ pub mod fields;
 mod tests;
 
 use crate::breaker::config::{self as breaker_config, BreakerSpec, RawBreaker};
+use crate::deadline::config::{self as deadline_config, DeadlineSpec, RawDeadlines};
 use crate::duration::{parse_duration, NS_PER_S};
 use crate::ratelimit::config::{self as rule_config, RawRule, RuleSpec};
 use crate::retry::config::{self as retry_config, BudgetSpec, RawBudget};
@@ -39,6 +40,8 @@ struct RawConfig {
     shedders: Vec<Strict<RawShedder>>,
     #[serde(default)]
     retry_budgets: Vec<Strict<RawBudget>>,
+    #[serde(default)]
+    deadlines: Option<Strict<RawDeadlines>>,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +117,7 @@ pub struct Config {
     pub breakers: Vec<BreakerSpec>,
     pub shedders: Vec<ShedderSpec>,
     pub retry_budgets: Vec<BudgetSpec>,
+    pub deadlines: Option<DeadlineSpec>,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -184,7 +188,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         retry_config::validate,
         |b| &b.name,
     )?;
+    let deadlines = raw
+        .deadlines
+        .map(|d| deadline_config::validate(d.into_inner()))
+        .transpose()?;
     Ok(Config {
+        deadlines,
         retry_budgets,
         breakers,
         shedders,

@@ -7,6 +7,7 @@ use super::store::SharedData;
 use super::views::now_ns;
 use crate::pipeline::{Effect, Env, Outcome, Pipeline};
 use proxy_wasm::hostcalls;
+use proxy_wasm::types::MapType;
 use std::cell::RefCell;
 
 pub struct Plugin {
@@ -69,8 +70,18 @@ impl Plugin {
         }
         for e in out.effects {
             match e {
-                Effect::Resume { stream } => {
+                Effect::Resume {
+                    stream,
+                    set_headers,
+                } => {
                     if hostcalls::set_effective_context(stream).is_ok() {
+                        for (name, value) in &set_headers {
+                            let _ = hostcalls::set_map_value(
+                                MapType::HttpRequestHeaders,
+                                name,
+                                Some(value),
+                            );
+                        }
                         let _ = hostcalls::resume_http_request();
                     } else {
                         // The stream is gone: give back what it may hold.

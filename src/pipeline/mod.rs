@@ -1,6 +1,8 @@
 //! The request pipeline: what happens to a request from its headers to the
 //! end of its stream, as pure code. It owns the order of the mechanisms
-//! (breakers first, so a fast-failed request spends no token; then retry
+//! (deadlines first: a request that cannot finish in time is refused before
+//! anything is spent; breakers next, so a fast-failed request spends no
+//! token; then retry
 //! budgets; then rate limits; then shedders, which may queue), the per-stream state (which
 //! stages hold something for a stream), the exactly-once release on every
 //! way a stream ends, and the tick.
@@ -96,6 +98,7 @@ impl Pipeline {
         let mut metrics = Registry::default();
         // The registration list: one line per mechanism, in request order.
         let stages: Vec<Box<dyn Stage>> = [
+            crate::deadline::stage::build(config, &mut metrics)?,
             crate::breaker::stage::build(config, seed, &mut metrics)?,
             crate::retry::stage::build(config, &mut metrics)?,
             crate::ratelimit::stage::build(config, seed, &mut metrics)?,

@@ -30,9 +30,13 @@ pub enum Effect {
         stream: StreamId,
         rejection: Rejection,
     },
-    /// Resume the paused stream. If the host finds it gone, it must call
-    /// `Pipeline::end` for it (it may hold a slot).
-    Resume { stream: StreamId },
+    /// Resume the paused stream, first setting these request headers (a
+    /// deadline reduced by the wait). If the host finds it gone, it must
+    /// call `Pipeline::gone` for it (it may hold a slot).
+    Resume {
+        stream: StreamId,
+        set_headers: Vec<(String, String)>,
+    },
 }
 
 /// A stage's decision on a request.

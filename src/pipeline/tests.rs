@@ -151,7 +151,7 @@ impl Sim {
     fn carry_out(&mut self, i: usize, out: Outcome) {
         for e in out.effects {
             let (id, to) = match e {
-                Effect::Resume { stream } => {
+                Effect::Resume { stream, .. } => {
                     self.resumed += 1;
                     (stream, Phase::InFlight)
                 }
@@ -385,6 +385,12 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
     assert_eq!(ticks[1], (Verdict::Continue, None));
     assert_eq!(ticks[2], (Verdict::Pause, Some(FAST_TICK)));
     let out = p.end(&mut env, &mut streams[0]);
-    assert_eq!(out.effects, vec![Effect::Resume { stream: 2 }]);
+    assert_eq!(
+        out.effects,
+        vec![Effect::Resume {
+            stream: 2,
+            set_headers: vec![]
+        }]
+    );
     assert_eq!(out.tick, Some(SLOW_TICK));
 }

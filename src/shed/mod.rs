@@ -39,6 +39,8 @@ pub struct Waiter {
     pub id: u32,
     pub class: Class,
     pub since_ms: u64,
+    /// When the caller's deadline passes (ms), if it sent one.
+    pub deadline_ms: Option<u64>,
 }
 
 /// What to do with an arriving request.
@@ -60,6 +62,8 @@ pub enum Wake {
     Resume { id: u32, waited_ms: u64, slot: bool },
     /// Answer it with a shed response.
     Shed { waiter: Waiter },
+    /// Its deadline passed while it waited: answer it so.
+    Expired { waiter: Waiter },
 }
 
 /// The shared entry found (none yet: empty); one that does not decode is
@@ -388,6 +392,19 @@ impl Shedders {
         id: u32,
         class: Class,
     ) -> Arrival {
+        self.arrive_until(store, now_ms, s, (id, class), None)
+    }
+
+    /// Like `arrive`, for a request whose caller gives up at `deadline_ms`:
+    /// it never waits past it.
+    pub fn arrive_until(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        (id, class): (u32, Class),
+        deadline_ms: Option<u64>,
+    ) -> Arrival {
         self.now_ms = self.now_ms.max(now_ms);
         self.roll(s, now_ms);
         let Some(rule) = self.rules.get(s) else {
@@ -421,6 +438,7 @@ impl Shedders {
             id,
             class,
             since_ms: now_ms,
+            deadline_ms,
         };
         self.enqueue(store, s, waiter, &conc)
     }
@@ -488,6 +506,43 @@ impl Shedders {
         Arrival::Queue { evicted }
     }
 
+    /// Takes out of the queue the waiters whose deadline passed or who
+    /// waited their limit (`max_wait`, or less for their class while
+    /// overloaded), each as a wake to answer.
+    fn drop_expired(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        max_wait: u64,
+        out: &mut Vec<Wake>,
+    ) {
+        let shed_before = out.len();
+        if let Some(l) = self.local.get_mut(s) {
+            for q in l.queues.iter_mut() {
+                q.retain(|w| {
+                    if w.deadline_ms.is_some_and(|d| now_ms >= d) {
+                        out.push(Wake::Expired { waiter: *w });
+                        return false;
+                    }
+                    let limit = l
+                        .codel
+                        .threshold(w.class)
+                        .map_or(max_wait, |t| t.min(max_wait));
+                    let keep = now_ms.saturating_sub(w.since_ms) < limit.max(1);
+                    if !keep {
+                        out.push(Wake::Shed { waiter: *w });
+                    }
+                    keep
+                });
+            }
+        }
+        for _ in shed_before..out.len() {
+            self.note_shed(s, now_ms);
+            self.try_op(store, s, Op::Leave);
+        }
+    }
+
     /// Sheds waiters past their limit and resumes as many as slots allow,
     /// highest class first, oldest first within a class.
     pub fn wake(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Vec<Wake> {
@@ -505,26 +560,7 @@ impl Shedders {
         else {
             return out;
         };
-        let shed_before = out.len();
-        if let Some(l) = self.local.get_mut(s) {
-            for q in l.queues.iter_mut() {
-                q.retain(|w| {
-                    let limit = l
-                        .codel
-                        .threshold(w.class)
-                        .map_or(max_wait, |t| t.min(max_wait));
-                    let keep = now_ms.saturating_sub(w.since_ms) < limit.max(1);
-                    if !keep {
-                        out.push(Wake::Shed { waiter: *w });
-                    }
-                    keep
-                });
-            }
-        }
-        for _ in shed_before..out.len() {
-            self.note_shed(s, now_ms);
-            self.try_op(store, s, Op::Leave);
-        }
+        self.drop_expired(store, now_ms, s, max_wait, &mut out);
         while self.queued(s) > 0 {
             match self.try_op(store, s, Op::Admit) {
                 Some(false) => break,

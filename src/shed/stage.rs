@@ -6,6 +6,8 @@
 
 use super::{Arrival, Class, Shedders, Wake};
 use crate::config::{Config, ConfigError};
+use crate::deadline::config::DeadlineSpec;
+use crate::deadline::Deadline;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -33,6 +35,12 @@ pub struct ShedStage {
     /// Latency-mode shedders to report a stream's response latency to, and
     /// when the request arrived (ms).
     watched: FastMap<StreamId, (Vec<usize>, u64)>,
+    /// The `deadlines` section, if any: queued requests never wait past
+    /// their deadline, and one that waited goes upstream with it reduced.
+    deadlines: Option<DeadlineSpec>,
+    /// The deadline of each queued stream that sent one.
+    deadline_of: FastMap<StreamId, Deadline>,
+    deadline_refused: MetricId,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -79,6 +87,13 @@ pub fn build(
         metrics,
         held: FastMap::default(),
         watched: FastMap::default(),
+        deadlines: config.deadlines.clone(),
+        deadline_of: FastMap::default(),
+        deadline_refused: reg.labelled(
+            Kind::Counter,
+            "sluice_deadline_refused_total",
+            &[("domain", config.domain.as_str())],
+        ),
     })))
 }
 
@@ -155,18 +170,62 @@ impl ShedStage {
                         if slot {
                             self.hold(cx, id, s);
                         }
-                        cx.effects.push(Effect::Resume { stream: id });
+                        let set_headers = self.reduced_deadline(id, waited_ms);
+                        cx.effects.push(Effect::Resume {
+                            stream: id,
+                            set_headers,
+                        });
                     }
-                    Wake::Shed { waiter } => self.shed_other(cx, s, waiter.class, waiter.id),
+                    Wake::Shed { waiter } => {
+                        self.deadline_of.remove(&waiter.id);
+                        self.shed_other(cx, s, waiter.class, waiter.id)
+                    }
+                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id),
                 }
             }
         }
         cx.tick_changed = true;
     }
 
+    /// The deadline header a resumed stream goes upstream with: what was
+    /// left when it arrived, less its wait (when `propagate` is on).
+    fn reduced_deadline(&mut self, id: StreamId, waited_ms: u64) -> Vec<(String, String)> {
+        let propagate = self.deadlines.as_ref().is_some_and(|d| d.propagate);
+        match self.deadline_of.remove(&id) {
+            Some(d) if propagate && waited_ms > 0 => vec![(d.header.clone(), d.reduced(waited_ms))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Answers a queued stream whose deadline passed while it waited.
+    fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) {
+        self.deadline_of.remove(&id);
+        let name = self
+            .shedders
+            .rules
+            .get(s)
+            .map_or("", |r| r.spec.name.as_str());
+        let status = self.deadlines.as_ref().map_or(504, |d| d.status);
+        let rejection = crate::deadline::reply::rejection(&format!("shed/{name}"), status, 0);
+        cx.add(self.deadline_refused, 1);
+        cx.effects.push(Effect::Reply {
+            stream: id,
+            rejection,
+        });
+    }
+
+    /// The request's deadline, if the configuration reads deadlines and it
+    /// sent one: (as read, when it passes in ms).
+    fn deadline(&self, req: &dyn RequestView, now: u64) -> Option<(Deadline, u64)> {
+        let d = crate::deadline::read(self.deadlines.as_ref()?, req)?;
+        let at = now.saturating_add(d.remaining_ms);
+        Some((d, at))
+    }
+
     /// Releases the stream's slots and takes it out of any queue, then
     /// lets waiters in.
     fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        self.deadline_of.remove(&id);
         let slots = self.held.remove(&id).unwrap_or_default();
         for &s in &slots {
             self.shedders.release(cx.store(), s);
@@ -189,13 +248,16 @@ impl ShedStage {
     fn arrive(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        id: StreamId,
-        now: u64,
+        (id, now): (StreamId, u64),
         classes: Vec<(usize, Class)>,
+        deadline: Option<(Deadline, u64)>,
         watched: &mut Vec<usize>,
     ) -> Option<Step> {
+        let until = deadline.as_ref().map(|d| d.1);
         for (s, class) in classes {
-            let arrival = self.shedders.arrive(cx.store(), now, s, id, class);
+            let arrival = self
+                .shedders
+                .arrive_until(cx.store(), now, s, (id, class), until);
             self.changes(cx);
             match arrival {
                 Arrival::Admit { slot: true } => self.hold(cx, id, s),
@@ -222,6 +284,9 @@ impl ShedStage {
                         cx.add(self.m(s).queued, -1);
                         self.shed_other(cx, s, w.class, w.id);
                     }
+                    if let Some((d, _)) = deadline {
+                        self.deadline_of.insert(id, d);
+                    }
                     // Only the first shedder with a queue applies to a request.
                     return Some(Step::Pause);
                 }
@@ -242,7 +307,8 @@ impl Stage for ShedStage {
         let now = cx.now_ms();
         let classes = self.shedders.classify(req);
         let mut watched = Vec::new();
-        let step = self.arrive(cx, id, now, classes, &mut watched);
+        let deadline = self.deadline(req, now);
+        let step = self.arrive(cx, (id, now), classes, deadline, &mut watched);
         if let Some(Step::Reply(r)) = step {
             for s in watched {
                 self.shedders.abandoned(s);

@@ -204,7 +204,8 @@ fn the_limit_is_global_and_waiters_resume_in_priority_order() {
             evicted: Some(Waiter {
                 id: 3,
                 class: Class::Sheddable,
-                since_ms: T0
+                since_ms: T0,
+                deadline_ms: None,
             })
         }
     );
@@ -260,7 +261,8 @@ fn nobody_waits_past_max_wait_and_cancelled_waiters_leave_the_queue() {
             waiter: Waiter {
                 id: 4,
                 class: Class::Critical,
-                since_ms: T0 + 100
+                since_ms: T0 + 100,
+                deadline_ms: None,
             }
         }]
     );
@@ -304,7 +306,8 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
             waiter: Waiter {
                 id: 8,
                 class: Class::Default,
-                since_ms: T0 + 202
+                since_ms: T0 + 202,
+                deadline_ms: None,
             }
         }]
     );
@@ -559,7 +562,9 @@ fn property_every_client_gets_its_turn_whichever_worker_it_is_on() {
                             max_waited = max_waited.max(waited_ms);
                             busy[(id % 8) as usize] = Some(now + 20);
                         }
-                        Wake::Shed { waiter } => panic!("shed {waiter:?}"),
+                        Wake::Shed { waiter } | Wake::Expired { waiter } => {
+                            panic!("shed {waiter:?}")
+                        }
                     }
                 }
             }
@@ -650,7 +655,9 @@ impl Sim {
                     self.queued.retain(|q| q.1 != id);
                     self.held.push((w, id));
                 }
-                Wake::Shed { waiter } => self.queued.retain(|q| q.1 != waiter.id),
+                Wake::Shed { waiter } | Wake::Expired { waiter } => {
+                    self.queued.retain(|q| q.1 != waiter.id)
+                }
             }
         }
     }

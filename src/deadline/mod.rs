@@ -1,0 +1,75 @@
+//! Deadlines: how long the caller will still wait, read from the request
+//! (`grpc-timeout`, Envoy's `x-envoy-expected-rq-timeout-ms`, or a
+//! configured header). A request whose deadline cannot be met (already
+//! passed, or less left than `min_remaining`) is refused at once; a queued
+//! request never waits past its deadline (see the shedders); and a request
+//! that waited in sluice goes upstream with its deadline header reduced by
+//! the wait, so the next hop sees the true budget.
+
+pub mod config;
+pub mod reply;
+pub mod stage;
+#[cfg(test)]
+mod tests;
+
+use crate::request::RequestView;
+use config::{DeadlineSpec, Format};
+
+/// A request's deadline: the header it came in, and the milliseconds the
+/// caller still had when it arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deadline {
+    pub header: String,
+    pub format: Format,
+    pub remaining_ms: u64,
+}
+
+impl Deadline {
+    /// The header's value once `waited_ms` have passed here, in the format
+    /// it came in (`grpc-timeout` in milliseconds: `<n>m`).
+    pub fn reduced(&self, waited_ms: u64) -> String {
+        let left = self.remaining_ms.saturating_sub(waited_ms);
+        match self.format {
+            Format::GrpcTimeout => format!("{left}m"),
+            Format::Millis => left.to_string(),
+        }
+    }
+}
+
+/// The first deadline header the request carries that parses.
+pub fn read(spec: &DeadlineSpec, req: &dyn RequestView) -> Option<Deadline> {
+    spec.headers.iter().find_map(|(header, format)| {
+        let v = req.header(header)?;
+        let text = std::str::from_utf8(&v).ok()?.trim();
+        let remaining_ms = match format {
+            Format::GrpcTimeout => parse_grpc_timeout(text)?,
+            Format::Millis => text.parse::<u64>().ok()?,
+        };
+        Some(Deadline {
+            header: header.clone(),
+            format: *format,
+            remaining_ms,
+        })
+    })
+}
+
+/// gRPC's `grpc-timeout`: at most 8 digits and a unit, `H` (hours), `M`
+/// (minutes), `S`, `m` (milliseconds), `u` (microseconds) or `n`
+/// (nanoseconds); in whole milliseconds, rounded down.
+pub fn parse_grpc_timeout(text: &str) -> Option<u64> {
+    let split = text.len().checked_sub(1)?;
+    let (digits, unit) = text.split_at_checked(split)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => n * 3_600_000,
+        "M" => n * 60_000,
+        "S" => n * 1_000,
+        "m" => n,
+        "u" => n / 1_000,
+        "n" => n / 1_000_000,
+        _ => return None,
+    })
+}

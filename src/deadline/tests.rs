@@ -1,0 +1,101 @@
+//! Deadlines: reading them as gRPC and Envoy write them, reducing them by a
+//! wait, refusing what cannot finish, and never queueing past one.
+
+use super::*;
+use crate::config::parse;
+use crate::request::fake::FakeRequest;
+use crate::shed::{Arrival, Class, Shedders, Wake};
+use crate::store::memory::MemoryStore;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+fn spec(json: &str) -> DeadlineSpec {
+    parse(json.as_bytes())
+        .expect("valid")
+        .deadlines
+        .expect("a deadlines section")
+}
+
+#[test]
+fn grpc_timeouts_parse_in_every_unit_and_junk_does_not() {
+    for (text, ms) in [
+        ("2H", 7_200_000),
+        ("3M", 180_000),
+        ("5S", 5_000),
+        ("250m", 250),
+        ("1500u", 1),
+        ("999999n", 0),
+        ("99999999m", 99_999_999),
+    ] {
+        assert_eq!(parse_grpc_timeout(text), Some(ms), "{text}");
+    }
+    for bad in ["", "m", "100", "100x", "123456789m", "-1m", "1.5S", "１m"] {
+        assert_eq!(parse_grpc_timeout(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn the_first_deadline_header_that_parses_wins_and_is_reduced_in_its_format() {
+    let s = spec(r#"{"deadlines":{}}"#);
+    let req = FakeRequest::new("POST", "/s/M")
+        .with_header("grpc-timeout", b"bad")
+        .with_header("x-envoy-expected-rq-timeout-ms", b"800");
+    let d = read(&s, &req).expect("a deadline");
+    assert_eq!(
+        (d.header.as_str(), d.remaining_ms),
+        ("x-envoy-expected-rq-timeout-ms", 800)
+    );
+    assert_eq!(d.reduced(300), "500");
+    assert_eq!(d.reduced(900), "0");
+    let grpc = FakeRequest::new("POST", "/s/M").with_header("grpc-timeout", b"2S");
+    let d = read(&s, &grpc).expect("a deadline");
+    assert_eq!(
+        (d.remaining_ms, d.reduced(250)),
+        (2_000, "1750m".to_string())
+    );
+    assert_eq!(read(&s, &FakeRequest::new("GET", "/")), None);
+}
+
+#[test]
+fn a_queued_request_never_waits_past_its_deadline() {
+    let c =
+        parse(br#"{"shedders":[{"name":"q","concurrency":{"max":1,"queue":4,"max_wait":"1s"}}]}"#)
+            .expect("valid");
+    let mut sh = Shedders::new(&c, 1_000, 7).expect("ok");
+    let store = MemoryStore::default();
+    sh.create(&store).expect("created");
+    assert_eq!(
+        sh.arrive(&store, 1_000, 0, 1, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    let got = sh.arrive_until(&store, 1_000, 0, (2, Class::Critical), Some(1_150));
+    assert_eq!(got, Arrival::Queue { evicted: None });
+    assert_eq!(sh.wake(&store, 1_149, 0), vec![]);
+    let woke = sh.wake(&store, 1_150, 0);
+    assert!(
+        matches!(woke.as_slice(), [Wake::Expired { waiter }] if waiter.id == 2),
+        "{woke:?}"
+    );
+    assert_eq!(sh.queued(0), 0);
+}
+
+#[test]
+fn bad_deadline_settings_are_refused_naming_the_field() {
+    for (json, field) in [
+        (r#"{"deadlines":{"headers":[]}}"#, "deadlines.headers"),
+        (
+            r#"{"deadlines":{"headers":["a b"]}}"#,
+            "deadlines.headers[0]",
+        ),
+        (
+            r#"{"deadlines":{"min_remaining":"soon"}}"#,
+            "deadlines.min_remaining",
+        ),
+        (r#"{"deadlines":{"status":302}}"#, "deadlines.status"),
+        (r#"{"deadlines":{"propagte":true}}"#, "deadlines.propagte"),
+        (r#"{"deadlines":[]}"#, "deadlines"),
+    ] {
+        let e = parse(json.as_bytes()).expect_err(json);
+        assert_eq!(e.field, field, "{json}: {e}");
+    }
+}

@@ -1,0 +1,91 @@
+"""End to end: deadlines in a real Envoy with 2 workers. A request that
+cannot finish in time is refused at once (504, or gRPC DEADLINE_EXCEEDED);
+a queued request never waits past its deadline; and one that waited goes
+upstream with its deadline reduced by the wait, as the upstream sees it."""
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import http1
+from harness import Stack, free_port, metric
+
+ROUTES = [{"name": "echo", "match": {"prefix": "/"}, "route": {"cluster": "echo", "timeout": "10s"}}]
+
+
+class Echo:
+    """An upstream that sleeps `x-sleep-ms` and records the deadline header
+    it received."""
+
+    def __init__(self):
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                time.sleep(int(self.headers.get("x-sleep-ms", "0")) / 1000)
+                seen.append(self.headers.get("x-deadline-ms"))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def hold_the_slot(port, ms):
+    t = threading.Thread(target=http1.get, args=(port, "/slow"), kwargs={"headers": {"x-sleep-ms": str(ms)}})
+    t.start()
+    time.sleep(0.3)
+    return t
+
+
+def test_deadlines_refuse_cap_the_queue_and_reach_the_upstream_reduced():
+    cfg = {"deadlines": {"headers": ["grpc-timeout", "x-deadline-ms"], "min_remaining": "10ms"},
+           "shedders": [{"name": "q", "concurrency": {"max": 1, "queue": 8, "max_wait": "3s"},
+                         "priority": {"default": "critical"}}]}
+    with Echo() as echo, Stack(cfg, routes=ROUTES, extra_clusters=[("echo", echo.port)]) as s:
+        c = http1.Conn(s.port)
+        # Too little left: refused at once, before anything else.
+        r = c.request("/", {"x-deadline-ms": "5"})
+        assert r.status == 504 and r.header("x-sluice-deadline") == "exceeded", r.headers
+        g = c.request("/pkg.S/M", {"content-type": "application/grpc", "grpc-timeout": "3m", "te": "trailers"},
+                      method="POST")
+        assert (g.status, g.header("grpc-status")) == (200, "4"), g.headers
+        assert s.front.stat(metric("sluice_deadline_refused_total")) == 2
+
+        # Queued behind a slow request: answered when its deadline passes,
+        # not at max_wait.
+        slow = hold_the_slot(s.port, 1500)
+        t = time.time()
+        r = c.request("/", {"x-deadline-ms": "300"})
+        waited = time.time() - t
+        assert r.status == 504, r.headers
+        assert 0.25 <= waited < 0.8, waited
+        slow.join(timeout=10)
+
+        # Queued, then let in: the upstream sees the deadline less the wait.
+        echo.seen.clear()
+        slow = hold_the_slot(s.port, 700)
+        r = c.request("/", {"x-deadline-ms": "5000"})
+        slow.join(timeout=10)
+        assert r.status == 200
+        sent = [int(v) for v in echo.seen if v is not None]
+        assert len(sent) == 1 and 4000 <= sent[0] <= 4700, echo.seen
+        # Not queued: the header goes upstream untouched.
+        echo.seen.clear()
+        assert c.request("/", {"x-deadline-ms": "5000"}).status == 200
+        assert echo.seen == ["5000"], echo.seen
