@@ -19,7 +19,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-
 import http1
 from harness import ROOT, Stack, free_port
 
