@@ -69,8 +69,16 @@ test-core:
 test-wasm32: deps
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
 
-test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps
+test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps
 	$(PY) -m pytest tests -v
+
+# Debian's prometheus (prometheus and promtool, 2.42): tests/test_observability.py
+# checks observability/alerts.yaml with promtool and runs its own Prometheus
+# (free port, temporary storage) against a real Envoy. The package may try
+# to start its system service; the tests never use it.
+.PHONY: obs-deps
+obs-deps:
+	@command -v promtool >/dev/null || (apt-get update && apt-get install -y prometheus)
 
 # Debian's docker.io (dockerd, containerd, runc, the docker client):
 # tests/test_container.py and make run-container start a private daemon.
