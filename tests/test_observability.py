@@ -40,6 +40,9 @@ CONFIG = {
                      "bucket": {"rate": 1, "period": "1h", "burst": 2}, "max_keys": 4}],
     "circuit_breakers": [{"name": "backend", "match": {"path_prefix": "/cb"}, "min_requests": 5, "error_rate": 0.5,
                           "open": {"base": "120s", "max": "240s"}}],
+    "retry_budgets": [{"name": "storm", "match": {"path_prefix": "/retry"}, "ratio": 0.1, "min_per_second": 1,
+                       "window": "10s"}],
+    "deadlines": {"min_remaining": "10ms"},
     "shedders": [{"name": "q", "match": {"path_prefix": "/shed"}, "priority": {"header": "x-priority"},
                   "concurrency": {"max": 1, "queue": 16, "max_wait": "150ms"}, "target": "5ms", "interval": "100ms"}],
 }
@@ -56,6 +59,7 @@ UNDRIVEN = {"SluiceRateLimitStoreFailures", "SluiceBreakerStoreFailures"}
 # open), and the gauges of a shedder that has gone idle.
 MAY_BE_ZERO = {
     ("Refusal ratio per rule", "B"),
+    ("Store failures and corrupt state", "D"),
     ("Collisions and CAS retries", "B"),
     ("Store failures and corrupt state", "A"),
     ("Store failures and corrupt state", "B"),
@@ -321,6 +325,15 @@ def drive(port):
         shed += [r.header("x-sluice-shed") or r.status for b in http1.burst(port, batches) for r in b]
         time.sleep(0.2)
     seen["shed"] = shed
+    # A retry storm against a budget of 10% of first tries (plus 1 per
+    # second): some retries admitted, most refused.
+    c = http1.Conn(port)
+    for _ in range(20):
+        c.request("/retry")
+    seen["retry"] = [c.request("/retry", {"x-envoy-attempt-count": "2"}).status for _ in range(30)]
+    # Requests whose caller has (almost) given up.
+    seen["deadline"] = [c.request("/", {"grpc-timeout": "2m"}).status for _ in range(3)]
+    c.close()
     return seen
 
 
@@ -339,6 +352,8 @@ def test_prometheus_returns_data_for_every_panel_and_alert_against_a_real_envoy(
         assert seen["cb_open"] == ["open"] * 5, seen
         assert {"sheddable", "default", "critical"} <= set(seen["shed"]), seen["shed"]
         assert 200 in seen["shed"], seen["shed"]
+        assert 200 in seen["retry"] and 429 in seen["retry"], seen["retry"]
+        assert seen["deadline"] == [504] * 3, seen["deadline"]
 
         assert MAY_BE_ZERO <= {(t, r) for t, r, _ in panels}
         empty = []

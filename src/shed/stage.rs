@@ -40,7 +40,8 @@ pub struct ShedStage {
     deadlines: Option<DeadlineSpec>,
     /// The deadline of each queued stream that sent one.
     deadline_of: FastMap<StreamId, Deadline>,
-    deadline_refused: MetricId,
+    /// Defined only with a `deadlines` section.
+    deadline_refused: Option<MetricId>,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -89,11 +90,13 @@ pub fn build(
         watched: FastMap::default(),
         deadlines: config.deadlines.clone(),
         deadline_of: FastMap::default(),
-        deadline_refused: reg.labelled(
-            Kind::Counter,
-            "sluice_deadline_refused_total",
-            &[("domain", config.domain.as_str())],
-        ),
+        deadline_refused: config.deadlines.as_ref().map(|_| {
+            reg.labelled(
+                Kind::Counter,
+                "sluice_deadline_refused_total",
+                &[("domain", config.domain.as_str())],
+            )
+        }),
     })))
 }
 
@@ -207,7 +210,9 @@ impl ShedStage {
             .map_or("", |r| r.spec.name.as_str());
         let status = self.deadlines.as_ref().map_or(504, |d| d.status);
         let rejection = crate::deadline::reply::rejection(&format!("shed/{name}"), status, 0);
-        cx.add(self.deadline_refused, 1);
+        if let Some(m) = self.deadline_refused {
+            cx.add(m, 1);
+        }
         cx.effects.push(Effect::Reply {
             stream: id,
             rejection,
