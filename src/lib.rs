@@ -13,7 +13,7 @@
 //!   mechanism), `config.rs` (its JSON and validation), `codec.rs` (its
 //!   shared-data bytes), `reply.rs` (what a refused client sees),
 //!   `stage.rs` (its [`pipeline::Stage`]): [`ratelimit`], [`breaker`],
-//!   [`shed`], [`retry`], [`deadline`].
+//!   [`shed`], [`retry`], [`deadline`], [`bulkhead`].
 //! - [`config`]: the whole configuration; [`config::fields`] holds the
 //!   validators every mechanism shares.
 //! - [`store`]: shared data as a compare-and-swap store, the layer that
@@ -33,6 +33,7 @@
 )]
 
 pub mod breaker;
+pub mod bulkhead;
 pub mod codec;
 pub mod config;
 pub mod deadline;

@@ -28,14 +28,14 @@ ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
 METRICS_LAG_S = 0.3
 # sluice's labels, as Istio's extraStatTags extract them (and as
 # envoy/envoy.yaml ships them): `NAME=.=value;.;` in a stat name.
-LABELS = ["domain", "rule", "result", "breaker", "transition", "shedder", "priority", "budget"]
+LABELS = ["domain", "rule", "result", "breaker", "transition", "shedder", "priority", "budget", "limit"]
 STATS_TAGS = [{"tag_name": n, "regex": rf"({n}=\.=(.*?);\.;)"} for n in LABELS]
 
 
 def metric(name, domain="default", **labels):
     """The /stats name of a sluice metric with these labels, in the order
     sluice writes them (domain, then rule/breaker/shedder, then the variant)."""
-    order = ["rule", "breaker", "shedder", "budget", "result", "transition", "priority"]
+    order = ["rule", "breaker", "shedder", "budget", "limit", "result", "transition", "priority"]
     tags = [("domain", domain)] + [(k, labels[k]) for k in order if k in labels]
     if set(labels) - set(order):
         raise ValueError(labels)

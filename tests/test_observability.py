@@ -43,6 +43,8 @@ CONFIG = {
     "retry_budgets": [{"name": "storm", "match": {"path_prefix": "/retry"}, "ratio": 0.1, "min_per_second": 1,
                        "window": "10s"}],
     "deadlines": {"min_remaining": "10ms"},
+    "concurrency_limits": [{"name": "exports", "match": {"path_prefix": "/export"}, "key": [{"header": "x-tenant"}],
+                            "max": 1, "max_keys": 16}],
     "shedders": [{"name": "q", "match": {"path_prefix": "/shed"}, "priority": {"header": "x-priority"},
                   "concurrency": {"max": 1, "queue": 16, "max_wait": "150ms"}, "target": "5ms", "interval": "100ms"}],
 }
@@ -59,6 +61,8 @@ UNDRIVEN = {"SluiceRateLimitStoreFailures", "SluiceBreakerStoreFailures"}
 # open), and the gauges of a shedder that has gone idle.
 MAY_BE_ZERO = {
     ("Refusal ratio per rule", "B"),
+    ("Bulkhead places held", "A"),
+    ("Bulkhead places held", "B"),
     ("Store failures and corrupt state", "D"),
     ("Collisions and CAS retries", "B"),
     ("Store failures and corrupt state", "A"),
@@ -334,6 +338,9 @@ def drive(port):
     # Requests whose caller has (almost) given up.
     seen["deadline"] = [c.request("/", {"grpc-timeout": "2m"}).status for _ in range(3)]
     c.close()
+    # A tenant with one export in flight asking for more: refused.
+    slow = http1.build("/export", {"x-tenant": "t1", "x-envoy-fault-delay-request": "300"})
+    seen["bulkhead"] = [r.status for b in http1.burst(port, [[slow] for _ in range(4)]) for r in b]
     return seen
 
 
@@ -354,6 +361,7 @@ def test_prometheus_returns_data_for_every_panel_and_alert_against_a_real_envoy(
         assert 200 in seen["shed"], seen["shed"]
         assert 200 in seen["retry"] and 429 in seen["retry"], seen["retry"]
         assert seen["deadline"] == [504] * 3, seen["deadline"]
+        assert sorted(seen["bulkhead"]) == [200, 429, 429, 429], seen["bulkhead"]
 
         assert MAY_BE_ZERO <= {(t, r) for t, r, _ in panels}
         empty = []

@@ -6,11 +6,12 @@ use super::{parse, ConfigError};
 use serde_json::{Map, Value};
 
 /// The lists whose items are checked one by one.
-const LISTS: [&str; 4] = [
+const LISTS: [&str; 5] = [
     "rate_limits",
     "circuit_breakers",
     "shedders",
     "retry_budgets",
+    "concurrency_limits",
 ];
 
 /// Every problem of a configuration, each naming its field: the top level,

@@ -9,6 +9,7 @@ pub mod fields;
 mod tests;
 
 use crate::breaker::config::{self as breaker_config, BreakerSpec, RawBreaker};
+use crate::bulkhead::config::{self as bulkhead_config, LimitSpec, RawLimit};
 use crate::deadline::config::{self as deadline_config, DeadlineSpec, RawDeadlines};
 use crate::duration::{parse_duration, NS_PER_S};
 use crate::ratelimit::config::{self as rule_config, RawRule, RuleSpec};
@@ -42,6 +43,8 @@ struct RawConfig {
     retry_budgets: Vec<Strict<RawBudget>>,
     #[serde(default)]
     deadlines: Option<Strict<RawDeadlines>>,
+    #[serde(default)]
+    concurrency_limits: Vec<Strict<RawLimit>>,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +121,7 @@ pub struct Config {
     pub shedders: Vec<ShedderSpec>,
     pub retry_budgets: Vec<BudgetSpec>,
     pub deadlines: Option<DeadlineSpec>,
+    pub concurrency_limits: Vec<LimitSpec>,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -188,11 +192,19 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         retry_config::validate,
         |b| &b.name,
     )?;
+    let concurrency_limits = items(
+        "concurrency_limits",
+        "concurrency limit",
+        raw.concurrency_limits,
+        bulkhead_config::validate,
+        |l| &l.name,
+    )?;
     let deadlines = raw
         .deadlines
         .map(|d| deadline_config::validate(d.into_inner()))
         .transpose()?;
     Ok(Config {
+        concurrency_limits,
         deadlines,
         retry_budgets,
         breakers,

@@ -3,7 +3,7 @@
 //! (deadlines first: a request that cannot finish in time is refused before
 //! anything is spent; breakers next, so a fast-failed request spends no
 //! token; then retry
-//! budgets; then rate limits; then shedders, which may queue), the per-stream state (which
+//! budgets; then concurrency limits per key; then rate limits; then shedders, which may queue), the per-stream state (which
 //! stages hold something for a stream), the exactly-once release on every
 //! way a stream ends, and the tick.
 //!
@@ -101,6 +101,7 @@ impl Pipeline {
             crate::deadline::stage::build(config, &mut metrics)?,
             crate::breaker::stage::build(config, seed, &mut metrics)?,
             crate::retry::stage::build(config, &mut metrics)?,
+            crate::bulkhead::stage::build(config, seed, &mut metrics)?,
             crate::ratelimit::stage::build(config, seed, &mut metrics)?,
             crate::shed::stage::build(config, now_ms, worker, &mut metrics)?,
         ]

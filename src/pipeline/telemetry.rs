@@ -38,9 +38,10 @@ pub struct Registry {
 }
 
 /// Every label name sluice uses, for `extraStatTags` and `stats_tags`.
-pub const LABELS: [&str; 8] = [
+pub const LABELS: [&str; 9] = [
     "domain",
     "budget",
+    "limit",
     "rule",
     "result",
     "breaker",

@@ -30,7 +30,8 @@ const A: &str = r#"{"rate_limits":[{"name":"r","key":[{"header":"x-k"}],
  "shedders":[{"name":"q","match":{"path_prefix":"/q"},
   "concurrency":{"max":2,"queue":3,"max_wait":"40ms"},
   "priority":{"header":"x-prio"}},
-  {"name":"lat","match":{"path_prefix":"/l"},"target":"5ms","interval":"20ms"}]}"#;
+  {"name":"lat","match":{"path_prefix":"/l"},"target":"5ms","interval":"20ms"}],
+ "concurrency_limits":[{"name":"c","key":[{"header":"x-k"}],"max":3,"max_keys":8}]}"#;
 
 fn config_b() -> String {
     A.replace(
@@ -225,9 +226,9 @@ impl Sim {
 
     /// Shared entries of the shedders (in flight, waiting) and the probe
     /// claims of the breakers, across the store.
-    fn shared_holds(&self) -> (u64, u64, u32) {
+    fn shared_holds(&self) -> (u64, u64, u32, u32) {
         let map = self.store.map.borrow();
-        let (mut inflight, mut waiting, mut probes) = (0, 0, 0);
+        let (mut inflight, mut waiting, mut probes, mut bulkhead) = (0, 0, 0, 0);
         for (k, (v, _)) in map.iter() {
             if k.starts_with("sh") {
                 let e = crate::shed::codec::decode_shared(v).expect("shed entry decodes");
@@ -237,9 +238,11 @@ impl Sim {
                 probes += crate::breaker::codec::decode(v)
                     .expect("breaker decodes")
                     .in_flight;
+            } else if k.starts_with("bh") {
+                bulkhead += crate::bulkhead::codec::decode(v).expect("bulkhead decodes");
             }
         }
-        (inflight, waiting, probes)
+        (inflight, waiting, probes, bulkhead)
     }
 
     fn gauge(&self, name: &str) -> i64 {
@@ -318,8 +321,13 @@ fn lifecycle(seed: u64) -> (u32, u32) {
     }
     assert_eq!(
         sim.shared_holds(),
-        (0, 0, 0),
-        "seed {seed}: slots, waiters or probe claims left"
+        (0, 0, 0, 0),
+        "seed {seed}: slots, waiters, probe claims or bulkhead places left"
+    );
+    assert_eq!(
+        sim.gauge("domain=.=default;.;limit=.=c;.;sluice_bulkhead_in_flight"),
+        0,
+        "seed {seed}"
     );
     for g in ["in_flight", "queued"] {
         let name = format!("domain=.=default;.;shedder=.=q;.;sluice_shed_{g}");
@@ -346,9 +354,12 @@ fn property_every_slot_place_and_probe_claim_is_released_exactly_once() {
 #[test]
 fn a_request_refused_by_a_later_stage_gives_back_what_earlier_stages_hold() {
     let mut sim = Sim::new();
-    // Drain key 1's bucket (burst 6) on a path no shedder watches.
-    for _ in 0..6 {
+    // Drain key 1's bucket (burst 6) on a path no shedder watches, each
+    // request answered and ended.
+    for i in 0..6 {
         sim.arrive(1, "/other", "default");
+        sim.respond(i, 200);
+        sim.end(i);
     }
     sim.arrive(1, "/q/x", "default");
     let (st, phase, _) = &sim.streams[6];
@@ -356,7 +367,7 @@ fn a_request_refused_by_a_later_stage_gives_back_what_earlier_stages_hold() {
     assert_eq!(st.holds, 0);
     // The breaker stage held a ticket for it until the refusal: no probe
     // claim and no slot stays behind.
-    assert_eq!(sim.shared_holds(), (0, 0, 0));
+    assert_eq!(sim.shared_holds(), (0, 0, 0, 0));
 }
 
 #[test]

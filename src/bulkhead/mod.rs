@@ -1,0 +1,201 @@
+//! Concurrency limits per key (bulkheads per tenant): at most `max`
+//! requests of one key (tenant, API key, route class: the key parts of
+//! rate limits) in flight at once, exact across Envoy's workers.
+//!
+//! Each key maps to one slot of a fixed table of `max_keys` entries in
+//! shared data, holding the requests in flight. Admission is a
+//! compare-and-swap increment that never passes `max`; the end of the
+//! stream, however it ends, decrements once. Two keys that share a slot
+//! share its count: a key can be limited early under collisions, never
+//! late. A decrement that fails is retried on the next tick, so a store
+//! hiccup never shrinks a key's limit for good; an increment that fails
+//! lets the request through without a slot (fail open), counted.
+
+pub mod codec;
+pub mod config;
+pub mod reply;
+pub mod stage;
+#[cfg(test)]
+mod tests;
+
+use crate::config::fields::{check_state_id, StateId};
+use crate::config::{Config, ConfigError};
+use crate::keys::place;
+use crate::request::RequestView;
+use crate::store::{update, Store, StoreError, Update};
+use config::LimitSpec;
+
+/// A limit and the shared-data key prefix of its table.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub spec: LimitSpec,
+    pub prefix: String,
+}
+
+/// A request's verdict at one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// In: holds slot `slot` of the limit's table until its stream ends.
+    Holds { slot: u32 },
+    /// In without a slot: the key was missing (skipped) or the store
+    /// failed (fail open).
+    Free,
+    /// `max` requests of its key are in flight already.
+    Full,
+}
+
+/// All concurrency limits of one configuration, in one VM.
+pub struct Bulkheads {
+    pub rules: Vec<Limit>,
+    seed: (u64, u64),
+    max_retries: u32,
+    /// Decrements that failed, retried on the next tick.
+    retry: Vec<(usize, u32)>,
+    /// Store errors and corrupt slots seen (for metrics).
+    pub store_failures: u64,
+}
+
+fn state_id(domain: &str, spec: &LimitSpec) -> u32 {
+    let mut id = StateId::new((0x6275_6c6b, 0x6865_6164), domain)
+        .text(&spec.name)
+        .num(u64::from(spec.max_keys));
+    for part in &spec.key {
+        id = id.text(part.encode());
+    }
+    id.finish()
+}
+
+impl Bulkheads {
+    /// Prepares the limits; `seed` must be the same in every VM.
+    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
+        let mut rules: Vec<Limit> = Vec::new();
+        for (i, spec) in config.concurrency_limits.iter().enumerate() {
+            let prefix = format!("bh{:08x}/", state_id(&config.domain, spec));
+            let earlier = rules
+                .iter()
+                .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
+            check_state_id("concurrency_limits", i, &prefix, earlier)?;
+            rules.push(Limit {
+                spec: spec.clone(),
+                prefix,
+            });
+        }
+        Ok(Bulkheads {
+            rules,
+            seed,
+            max_retries: config.max_cas_retries,
+            retry: Vec::new(),
+            store_failures: 0,
+        })
+    }
+
+    fn slot_key(&self, b: usize, slot: u32) -> String {
+        let prefix = self.rules.get(b).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}{slot}")
+    }
+
+    /// Slots in limit `b`'s table (one for a key without variable parts).
+    fn table_len(&self, b: usize) -> u32 {
+        self.rules.get(b).map_or(1, |r| {
+            if crate::keys::has_variable_parts(&r.spec.key) {
+                r.spec.max_keys
+            } else {
+                1
+            }
+        })
+    }
+
+    /// Creates every missing slot (at configuration: a missing key cannot be
+    /// created by compare-and-swap without racing another worker).
+    pub fn create(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let zero = codec::encode(0);
+        for b in 0..self.rules.len() {
+            for slot in 0..self.table_len(b) {
+                let key = self.slot_key(b, slot);
+                if store.get(&key)?.is_none() {
+                    store.set(&key, &zero, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits the request at limit `b` if its key has a place.
+    pub fn admit(&mut self, store: &dyn Store, b: usize, req: &dyn RequestView) -> Admission {
+        let Some(rule) = self.rules.get(b) else {
+            return Admission::Free;
+        };
+        let spec = &rule.spec;
+        let Some(p) = place(
+            &spec.key,
+            spec.on_missing_key,
+            self.seed,
+            self.table_len(b),
+            req,
+        ) else {
+            return Admission::Free;
+        };
+        let slot = p.slots().first().copied().unwrap_or(0);
+        let max = spec.max;
+        let key = self.slot_key(b, slot);
+        let failures = &mut self.store_failures;
+        let got = update(store, &key, self.max_retries, |found| {
+            let n = found
+                .map_or(Ok(0), |e| codec::decode(&e.bytes))
+                .unwrap_or_else(|_| {
+                    *failures += 1;
+                    0
+                });
+            if n >= max {
+                Update::Keep(false)
+            } else {
+                Update::Write(codec::encode(n + 1), true)
+            }
+        });
+        match got {
+            Ok(true) => Admission::Holds { slot },
+            Ok(false) => Admission::Full,
+            Err(_) => {
+                self.store_failures += 1;
+                Admission::Free
+            }
+        }
+    }
+
+    /// Gives slot `slot` of limit `b` back (exactly once per admission: the
+    /// caller forgets it); a failed decrement is kept and retried.
+    pub fn release(&mut self, store: &dyn Store, b: usize, slot: u32) {
+        if self.decrement(store, b, slot).is_err() {
+            self.store_failures += 1;
+            self.retry.push((b, slot));
+        }
+    }
+
+    /// Retries failed decrements (on every tick).
+    pub fn retry_failed(&mut self, store: &dyn Store) {
+        for (b, slot) in std::mem::take(&mut self.retry) {
+            if self.decrement(store, b, slot).is_err() {
+                self.retry.push((b, slot));
+            }
+        }
+    }
+
+    fn decrement(&self, store: &dyn Store, b: usize, slot: u32) -> Result<(), StoreError> {
+        update(store, &self.slot_key(b, slot), self.max_retries, |found| {
+            let n = found
+                .map_or(Ok(0), |e| codec::decode(&e.bytes))
+                .unwrap_or(0);
+            Update::Write(codec::encode(n.saturating_sub(1)), ())
+        })
+    }
+
+    /// Requests in flight in limit `b`'s slot `slot` (for tests).
+    pub fn in_flight(&self, store: &dyn Store, b: usize, slot: u32) -> u32 {
+        store
+            .get(&self.slot_key(b, slot))
+            .ok()
+            .flatten()
+            .and_then(|e| codec::decode(&e.bytes).ok())
+            .unwrap_or(0)
+    }
+}
