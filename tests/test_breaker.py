@@ -146,3 +146,28 @@ def test_rate_limit_and_breaker_work_together():
         r = http1.get(s.port)
         assert r.status == 429  # refused by the limiter: not an upstream failure
         assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
+
+
+def test_slow_calls_trip_the_breaker_before_they_are_answered():
+    """failure.slow_call: a call in flight for longer counts as a failure as
+    soon as it has taken that long, so a dependency that hangs trips the
+    breaker before its timeouts do."""
+    cfg = {"circuit_breakers": [breaker(min_requests=3, failure={"slow_call": "100ms"},
+                                        open={"base": "5s", "max": "5s"})]}
+    with Stack(cfg) as s:
+        hang = {"x-envoy-fault-delay-request": "3000"}
+        threads = [threading.Thread(target=http1.get, args=(s.port, "/"), kwargs={"headers": hang})
+                   for _ in range(3)]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        # Within a tick or two of 100 ms, every worker knows (no request in
+        # between: successes would dilute the error rate).
+        time.sleep(0.6)
+        r = http1.get(s.port)
+        assert time.time() - t0 < 1.5
+        assert (r.status, r.header("x-sluice-circuit")) == (503, "open"), (r.status, r.headers)
+        for t in threads:
+            t.join(timeout=10)
+        # An answered but slow call counts too; a fast one is a success.
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1

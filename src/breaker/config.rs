@@ -40,6 +40,10 @@ pub struct FailureSpec {
     pub codes: Vec<u32>,
     /// Envoy-side failures: connection failure, reset, upstream timeout.
     pub local_failures: bool,
+    /// A call slower than this (ms) is a failure, counted as soon as it
+    /// has taken that long (a hanging dependency trips the breaker before
+    /// its timeouts do).
+    pub slow_ms: Option<u64>,
 }
 
 impl FailureSpec {
@@ -141,6 +145,8 @@ pub struct RawBreaker {
 struct RawFailure {
     statuses: Option<Vec<String>>,
     local_failures: Option<bool>,
+    #[serde(default)]
+    slow_call: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -173,11 +179,17 @@ fn failure(at: &str, raw: Option<RawFailure>) -> Result<FailureSpec, ConfigError
     let raw = raw.unwrap_or(RawFailure {
         statuses: None,
         local_failures: None,
+        slow_call: None,
     });
+    let slow_ms = match raw.slow_call {
+        None => None,
+        Some(t) => Some(millis(format!("{at}.failure.slow_call"), Some(t), "1s")?),
+    };
     let mut spec = FailureSpec {
         classes: Vec::new(),
         codes: Vec::new(),
         local_failures: raw.local_failures.unwrap_or(true),
+        slow_ms,
     };
     let statuses = raw.statuses.unwrap_or_else(|| vec!["5xx".to_string()]);
     for (j, s) in statuses.iter().enumerate() {

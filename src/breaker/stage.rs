@@ -34,8 +34,11 @@ pub struct BreakerStage {
     jitter_ns: u64,
     metrics: Vec<OneBreaker>,
     store_failures: MetricId,
-    /// The tickets of the streams that passed, until their response or end.
-    tickets: FastMap<StreamId, Vec<Ticket>>,
+    /// The tickets of the streams that passed, until their response or
+    /// end, and when each request started (ms).
+    tickets: FastMap<StreamId, (u64, Vec<Ticket>)>,
+    /// Whether any breaker counts slow calls (the tick then looks for them).
+    slow_calls: bool,
 }
 
 /// The stage, if the configuration has breakers.
@@ -83,6 +86,7 @@ pub fn build(
             &[("domain", config.domain.as_str())],
         ),
         tickets: FastMap::default(),
+        slow_calls: config.breakers.iter().any(|b| b.failure.slow_ms.is_some()),
     })))
 }
 
@@ -145,14 +149,15 @@ impl BreakerStage {
         }
     }
 
-    /// Reports the outcome of every ticket the stream holds.
+    /// Reports the outcome of every ticket the stream holds; `outcome`
+    /// also gets how long the call took (ms).
     fn report(
         &mut self,
         cx: &mut Cx<'_, '_>,
         stream: StreamId,
-        outcome: &dyn Fn(&super::FailureSpec) -> Outcome,
+        outcome: &dyn Fn(&super::FailureSpec, u64) -> Outcome,
     ) {
-        let Some(tickets) = self.tickets.remove(&stream) else {
+        let Some((start, tickets)) = self.tickets.remove(&stream) else {
             return;
         };
         let now = cx.now_ms();
@@ -160,9 +165,35 @@ impl BreakerStage {
             let Some(spec) = self.breakers.rules.get(t.breaker).map(|r| r.spec.clone()) else {
                 continue;
             };
-            let o = outcome(&spec.failure);
+            let o = outcome(&spec.failure, now.saturating_sub(start));
             self.run(cx, &mut |b, store, rng, ev| {
                 b.record(store, now, t, o, rng, ev)
+            });
+        }
+    }
+
+    /// Calls in flight for longer than their breaker's `slow_call` count as
+    /// failures now, without waiting for their answer (which then counts
+    /// nothing more for that breaker).
+    fn slow_calls(&mut self, cx: &mut Cx<'_, '_>, now: u64) {
+        let mut slow = Vec::new();
+        for (start, tickets) in self.tickets.values_mut() {
+            let elapsed = now.saturating_sub(*start);
+            let rules = &self.breakers.rules;
+            tickets.retain(|t| {
+                let late = rules
+                    .get(t.breaker)
+                    .and_then(|r| r.spec.failure.slow_ms)
+                    .is_some_and(|s| elapsed >= s);
+                if late {
+                    slow.push(*t);
+                }
+                !late
+            });
+        }
+        for t in slow {
+            self.run(cx, &mut |b, store, rng, ev| {
+                b.record(store, now, t, Outcome::Failure, rng, ev)
             });
         }
     }
@@ -187,7 +218,7 @@ impl Stage for BreakerStage {
                         cx.add(m.probes, 1);
                     }
                 }
-                self.tickets.insert(stream, tickets);
+                self.tickets.insert(stream, (now, tickets));
                 Decision::of(Step::Continue, true)
             }
             Check::FailFast {
@@ -222,18 +253,28 @@ impl Stage for BreakerStage {
             Some(s) if s < 400 => None,
             _ => resp.code_details(),
         };
-        self.report(cx, stream, &|f| f.classify(status, details.as_deref()));
+        self.report(
+            cx,
+            stream,
+            &|f, took_ms| match f.classify(status, details.as_deref()) {
+                Outcome::Success if f.slow_ms.is_some_and(|s| took_ms >= s) => Outcome::Failure,
+                o => o,
+            },
+        );
         false
     }
 
     /// A stream that ended without a response (client gone, reset, refused
     /// by a later stage) gives its probe claims back without a verdict.
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
-        self.report(cx, stream, &|_| Outcome::Ignored);
+        self.report(cx, stream, &|_, _| Outcome::Ignored);
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         let now = cx.now_ms();
+        if self.slow_calls {
+            self.slow_calls(cx, now);
+        }
         self.run(cx, &mut |b, store, rng, ev| b.flush(store, now, rng, ev));
     }
 }

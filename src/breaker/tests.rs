@@ -513,3 +513,15 @@ fn a_probe_from_an_earlier_episode_never_counts_or_frees_a_claim() {
         Some(Transition::Closed)
     );
 }
+
+#[test]
+fn slow_call_thresholds_are_read_and_checked() {
+    let spec = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"slow_call":"250ms"}}]}"#);
+    assert_eq!(spec.failure.slow_ms, Some(250));
+    assert_eq!(default_spec().failure.slow_ms, None);
+    let e = crate::config::parse(
+        br#"{"circuit_breakers":[{"name":"b","failure":{"slow_call":"fast"}}]}"#,
+    )
+    .expect_err("bad duration");
+    assert_eq!(e.field, "circuit_breakers[0].failure.slow_call");
+}
