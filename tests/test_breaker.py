@@ -171,3 +171,32 @@ def test_slow_calls_trip_the_breaker_before_they_are_answered():
             t.join(timeout=10)
         # An answered but slow call counts too; a fast one is a success.
         assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
+
+
+def test_graded_breaking_refuses_in_proportion_to_the_error_rate():
+    """graded: below the trip rate, requests are refused at random with a
+    chance rising with the error rate (0 at `from`, `max` at the trip
+    rate), so the half that would succeed still does; the rate of refusals
+    tracks the error rate as it changes."""
+    cfg = {"circuit_breakers": [breaker(error_rate=1.0, min_requests=20, window="2s",
+                                        graded={"from": 0.1, "max": 0.9})]}
+    with Stack(cfg) as s:
+        def phase(error_every):
+            c = http1.Conn(s.port)
+            got = []
+            for i in range(400):
+                r = c.request("/", FAIL if i % error_every == 0 else {})
+                got.append(r.header("x-sluice-circuit") == "throttled")
+            c.close()
+            return sum(got[100:]) / 300  # after the window has filled
+
+        # 50% errors: 0.9 x (0.5 - 0.1) / 0.9 = 40% refused.
+        half = phase(2)
+        assert 0.25 <= half <= 0.55, half
+        time.sleep(2.5)  # the 2 s window forgets
+        # 25% errors: 0.9 x (0.25 - 0.1) / 0.9 = 15% refused.
+        quarter = phase(4)
+        assert 0.05 <= quarter <= 0.27, quarter
+        assert quarter < half
+        assert s.front.stat(metric("sluice_cb_throttled_total", breaker="backend")) > 0
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0

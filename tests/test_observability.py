@@ -69,6 +69,7 @@ MAY_BE_ZERO = {
     ("Store failures and corrupt state", "B"),
     ("Store failures and corrupt state", "C"),
     ("Fast-failed requests and probes", "B"),
+    ("Fast-failed requests and probes", "C"),
     ("In flight and queued", "A"),
     ("In flight and queued", "B"),
     ("Overloaded workers", "A"),

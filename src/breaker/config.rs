@@ -106,6 +106,17 @@ pub struct BreakerSpec {
     pub status: u32,
     pub failure_mode_deny: bool,
     pub max_keys: u32,
+    /// Graded breaking, if on.
+    pub graded: Option<GradedSpec>,
+}
+
+/// Graded breaking: below the trip threshold, refuse requests at random in
+/// proportion to the error rate above `from` (as Envoy's
+/// `admission_control`), up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GradedSpec {
+    pub from_permille: u32,
+    pub max_permille: u32,
 }
 
 #[derive(Deserialize)]
@@ -137,6 +148,16 @@ pub struct RawBreaker {
     failure_mode_deny: bool,
     #[serde(default)]
     max_keys: Option<i64>,
+    #[serde(default)]
+    graded: Option<Strict<RawGraded>>,
+}
+
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct RawGraded {
+    from: Option<f64>,
+    max: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -229,11 +250,12 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
             probe_timeout: None,
         });
     let consecutive = format!("{at}.consecutive_failures");
+    let error_rate_permille = error_rate(at, raw.error_rate)?;
     Ok(BreakerSpec {
         matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
         key,
         failure: failure(at, raw.failure.map(Strict::into_inner))?,
-        error_rate_permille: error_rate(at, raw.error_rate)?,
+        error_rate_permille,
         window_ms: millis(format!("{at}.window"), raw.window, "10s")?,
         min_requests: count(
             format!("{at}.min_requests"),
@@ -263,7 +285,35 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
         status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
         failure_mode_deny: raw.failure_mode_deny,
         max_keys: count(format!("{at}.max_keys"), raw.max_keys, 100, 100_000)?,
+        graded: raw
+            .graded
+            .map(|g| graded(at, g.into_inner(), error_rate_permille))
+            .transpose()?,
         name: raw.name,
+    })
+}
+
+/// Graded breaking: `from` an error rate under the trip rate (default
+/// half of it), `max` a chance in (0, 1] (default 0.9).
+fn graded(at: &str, raw: RawGraded, trip_permille: u32) -> Result<GradedSpec, ConfigError> {
+    let trip = f64::from(trip_permille) / 1000.0;
+    let from = raw.from.unwrap_or(trip / 2.0);
+    if !(0.0..trip).contains(&from) {
+        return Err(err(
+            format!("{at}.graded.from"),
+            format!("must be at least 0 and under error_rate ({trip}), got {from}"),
+        ));
+    }
+    let max = raw.max.unwrap_or(0.9);
+    if !(max > 0.0 && max <= 1.0) {
+        return Err(err(
+            format!("{at}.graded.max"),
+            format!("must be in (0, 1], got {max}"),
+        ));
+    }
+    Ok(GradedSpec {
+        from_permille: (from * 1000.0).round() as u32,
+        max_permille: (max * 1000.0).round() as u32,
     })
 }
 

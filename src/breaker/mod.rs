@@ -117,6 +117,30 @@ impl State {
             .fold((0, 0), |(a, b), &(x, y)| (a + x as u64, b + y as u64))
     }
 
+    /// Graded breaking: the chance (permille) that a request to this closed
+    /// key is refused: none up to `graded.from`, rising in proportion to
+    /// the error rate up to `graded.max` at the rate that trips the breaker.
+    pub fn reject_permille(&self, spec: &BreakerSpec, now_ms: u64) -> u32 {
+        let Some(g) = spec.graded else {
+            return 0;
+        };
+        let (ok, bad) = self.totals(spec, now_ms);
+        let requests = ok + bad;
+        if self.phase != Phase::Closed || requests == 0 || requests < u64::from(spec.min_requests) {
+            return 0;
+        }
+        let rate = bad * 1000 / requests;
+        let from = u64::from(g.from_permille);
+        if rate <= from {
+            return 0;
+        }
+        let span = u64::from(spec.error_rate_permille)
+            .saturating_sub(from)
+            .max(1);
+        let p = u64::from(g.max_permille) * (rate - from) / span;
+        p.min(u64::from(g.max_permille)) as u32
+    }
+
     fn bucket_ms(spec: &BreakerSpec) -> u64 {
         (spec.window_ms / BUCKETS as u64).max(1)
     }

@@ -29,3 +29,26 @@ pub fn rejection(
         reason: format!("breaker/{name}"),
     }
 }
+
+/// The answer of graded breaking: refused by chance while the breaker is
+/// closed and the error rate high (`x-sluice-circuit: throttled`).
+pub fn throttled(
+    name: &str,
+    status: u32,
+    reject_permille: u32,
+    spread_ns: u64,
+    rng: &mut SplitMix,
+) -> Rejection {
+    let retry_after = retry_after_secs(NS_PER_MS * 1000, spread_ns, rng);
+    Rejection {
+        status,
+        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", "throttled".to_string())],
+        body: format!(
+            "{{\"error\":\"circuit_throttled\",\"breaker\":{},\"reject_permille\":{reject_permille},\"retry_after_s\":{retry_after}}}",
+            json_str(name)
+        ),
+        grpc_status: GRPC_UNAVAILABLE,
+        grpc_message: format!("circuit {name} is throttling ({reject_permille} per 1000 refused)"),
+        reason: format!("breaker/{name}"),
+    }
+}

@@ -51,6 +51,13 @@ pub enum Check {
         retry_after_ms: u64,
         half_open: bool,
     },
+    /// Graded breaking: refused by chance, in proportion to the error rate
+    /// (the breaker is closed).
+    Throttle {
+        breaker: usize,
+        /// The chance a request had of being refused, in permille.
+        reject_permille: u32,
+    },
 }
 
 /// One breaker key's verdict (see `Breakers::check_one`).
@@ -244,6 +251,23 @@ impl Breakers {
             let spec = rule.spec.clone();
             let (retry_after_ms, half_open) =
                 match self.check_one(store, now_ms, (b, key), &value, &spec, events) {
+                    One::Pass(Some(t)) if spec.graded.is_some() => {
+                        let p = self
+                            .local
+                            .get(&(b, key))
+                            .map_or(0, |l| l.state.reject_permille(&spec, now_ms));
+                        if p > 0 && rng.below(1000) < u64::from(p) {
+                            for t in tickets {
+                                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+                            }
+                            return Check::Throttle {
+                                breaker: b,
+                                reject_permille: p,
+                            };
+                        }
+                        tickets.push(t);
+                        continue;
+                    }
                     One::Pass(t) => {
                         tickets.extend(t);
                         continue;

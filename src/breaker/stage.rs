@@ -25,6 +25,7 @@ struct OneBreaker {
     closed: MetricId,
     reopened: MetricId,
     fast_failed: MetricId,
+    throttled: MetricId,
     probes: MetricId,
 }
 
@@ -72,6 +73,7 @@ pub fn build(
                 reopened,
                 open_keys: m(Kind::Gauge, "sluice_cb_open_keys"),
                 fast_failed: m(Kind::Counter, "sluice_cb_fast_failed_total"),
+                throttled: m(Kind::Counter, "sluice_cb_throttled_total"),
                 probes: m(Kind::Counter, "sluice_cb_probes_total"),
             }
         })
@@ -149,6 +151,36 @@ impl BreakerStage {
         }
     }
 
+    /// Refuses the request at `breaker` with the reply `reply` builds,
+    /// counted as `throttled` (graded) or fast-failed.
+    fn refuse(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        breaker: usize,
+        throttled: bool,
+        reply: &dyn Fn(
+            &super::BreakerSpec,
+            u64,
+            &mut crate::rng::SplitMix,
+        ) -> crate::reply::Rejection,
+    ) -> Decision {
+        let Some(spec) = self.breakers.rules.get(breaker).map(|r| r.spec.clone()) else {
+            return Decision::pass();
+        };
+        let r = reply(&spec, self.jitter_ns, cx.rng);
+        if let Some(m) = self.metrics.get(breaker) {
+            cx.add(
+                if throttled {
+                    m.throttled
+                } else {
+                    m.fast_failed
+                },
+                1,
+            );
+        }
+        Decision::of(Step::Reply(r), false)
+    }
+
     /// Reports the outcome of every ticket the stream holds; `outcome`
     /// also gets how long the call took (ms).
     fn report(
@@ -221,27 +253,26 @@ impl Stage for BreakerStage {
                 self.tickets.insert(stream, (now, tickets));
                 Decision::of(Step::Continue, true)
             }
+            Check::Throttle {
+                breaker,
+                reject_permille,
+            } => self.refuse(cx, breaker, true, &|spec, jitter, rng| {
+                super::reply::throttled(&spec.name, spec.status, reject_permille, jitter, rng)
+            }),
             Check::FailFast {
                 breaker,
                 retry_after_ms,
                 half_open,
-            } => {
-                let Some(spec) = self.breakers.rules.get(breaker).map(|r| r.spec.clone()) else {
-                    return Decision::pass();
-                };
-                if let Some(m) = self.metrics.get(breaker) {
-                    cx.add(m.fast_failed, 1);
-                }
-                let r = super::reply::rejection(
+            } => self.refuse(cx, breaker, false, &|spec, jitter, rng| {
+                super::reply::rejection(
                     &spec.name,
                     spec.status,
                     retry_after_ms,
                     half_open,
-                    self.jitter_ns,
-                    cx.rng,
-                );
-                Decision::of(Step::Reply(r), false)
-            }
+                    jitter,
+                    rng,
+                )
+            }),
         }
     }
 

@@ -525,3 +525,34 @@ fn slow_call_thresholds_are_read_and_checked() {
     .expect_err("bad duration");
     assert_eq!(e.field, "circuit_breakers[0].failure.slow_call");
 }
+
+#[test]
+fn graded_breaking_refuses_in_proportion_to_the_error_rate() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","error_rate":1.0,"min_requests":10,
+            "graded":{"from":0.1,"max":0.9}}]}"#,
+    );
+    let at = |errors: u32| {
+        let mut s = State::new();
+        let mut rng = SplitMix(1);
+        s.record(&spec, T0, 100 - errors, errors, &mut rng);
+        s.reject_permille(&spec, T0)
+    };
+    assert_eq!(at(0), 0);
+    assert_eq!(at(10), 0);
+    assert_eq!(at(30), 200);
+    assert_eq!(at(50), 400);
+    assert_eq!(at(70), 600);
+    // Never above max, and nothing below min_requests.
+    let mut s = State::new();
+    s.record(&spec, T0, 0, 5, &mut SplitMix(1));
+    assert_eq!(s.reject_permille(&spec, T0), 0);
+    let e = crate::config::parse(
+        br#"{"circuit_breakers":[{"name":"b","error_rate":0.5,"graded":{"from":0.6}}]}"#,
+    )
+    .expect_err("from over the trip rate");
+    assert_eq!(e.field, "circuit_breakers[0].graded.from");
+    let e = crate::config::parse(br#"{"circuit_breakers":[{"name":"b","graded":{"max":0}}]}"#)
+        .expect_err("no chance");
+    assert_eq!(e.field, "circuit_breakers[0].graded.max");
+}
