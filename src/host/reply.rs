@@ -13,11 +13,10 @@
 //! the VM) when Envoy refuses the call, and neither passes both statuses:
 //! this module calls the host directly.
 
-use super::views::HostRequest;
 use crate::reply::{is_grpc_content_type, Rejection};
-use crate::request::RequestView;
 use log::{debug, warn};
-use proxy_wasm::types::Status;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{MapType, Status};
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -55,22 +54,27 @@ fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-/// Answers the current stream with a local reply.
+/// Answers the current stream with a local reply. Only the texts sent are
+/// formatted: the JSON body or the gRPC message, and the reason if asked.
 pub fn send(r: &Rejection, reason_header: Option<&str>) {
-    debug!("sluice: refused: {}", r.body);
-    let mut pairs: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    if let Some(name) = reason_header {
-        pairs.push((name, r.reason.as_str()));
+    let mut pairs: Vec<(&str, &str)> = Vec::with_capacity(r.headers.len() + 2);
+    pairs.extend(r.headers.iter().map(|(k, v)| (*k, v.as_str())));
+    let reason = reason_header.map(|name| (name, r.reason()));
+    if let Some((name, value)) = &reason {
+        pairs.push((name, value.as_str()));
     }
-    let grpc = HostRequest::default()
-        .header("content-type")
+    // Read once per refusal, so not through the request's header cache.
+    let grpc = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, "content-type")
+        .ok()
+        .flatten()
         .is_some_and(|v| is_grpc_content_type(&v));
     let body = if grpc {
-        r.grpc_message.as_bytes()
+        r.grpc_message()
     } else {
         pairs.push(("content-type", "application/json"));
-        r.body.as_bytes()
+        r.body()
     };
+    debug!("sluice: refused: {body}");
     let headers = serialize(&pairs);
     // gRPC statuses are 0 to 16; 2 is UNKNOWN.
     let grpc_status = i32::try_from(r.grpc_status).unwrap_or(2);
