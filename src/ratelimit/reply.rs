@@ -60,12 +60,16 @@ pub fn action(
         Verdict::Allow => {
             let response_headers = if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
-                eval.reports
+                let mut out = Vec::new();
+                if let Some(r) = eval
+                    .reports
                     .iter()
                     .filter(|r| r.result == RuleResult::Allowed)
                     .min_by_key(|r| r.remaining)
-                    .map(|r| rate_headers(spec.ratelimit_headers, r, policies, None))
-                    .unwrap_or_default()
+                {
+                    rate_headers(&mut out, spec.ratelimit_headers, r, policies, None);
+                }
+                out
             } else {
                 Vec::new()
             };
@@ -77,14 +81,17 @@ pub fn action(
                 .get(rule)
                 .map_or_else(|| Rc::from(""), |p| p.name.clone());
             let wait_ms = wait_ns.div_ceil(NS_PER_MS);
-            let mut headers = vec![("retry-after", decimal(retry_after))];
+            // Retry-After and at most 5 rate-limit headers, in one allocation.
+            let mut headers = Vec::with_capacity(6);
+            headers.push(("retry-after", decimal(retry_after)));
             if let Some(report) = eval.reports.iter().find(|r| r.rule == rule) {
-                headers.extend(rate_headers(
+                rate_headers(
+                    &mut headers,
                     spec.ratelimit_headers,
                     report,
                     policies,
                     Some(retry_after),
-                ));
+                );
             }
             // The texts are formatted by the host, only those it sends.
             Action::Reject(Rejection {
@@ -101,19 +108,25 @@ pub fn action(
     }
 }
 
-/// The rate-limit headers for one rule. `reset_override` is the refusal's
-/// `Retry-After`, so a refused client is told one consistent time.
+/// Appends the rate-limit headers for one rule. `reset_override` is the
+/// refusal's `Retry-After`, so a refused client is told one consistent time.
 fn rate_headers(
+    out: &mut Vec<(&'static str, String)>,
     style: HeaderStyle,
     r: &RuleReport,
     policies: &[PolicyInfo],
     reset_override: Option<u64>,
-) -> Vec<(&'static str, String)> {
+) {
     let Some(p) = policies.get(r.rule) else {
-        return Vec::new();
+        return;
     };
     let reset = reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns));
-    let mut out = Vec::with_capacity(5);
+    out.reserve(match style {
+        HeaderStyle::None => 0,
+        HeaderStyle::Draft => 2,
+        HeaderStyle::Legacy => 3,
+        HeaderStyle::Both => 5,
+    });
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         // `"name";q=Q;w=W` and `"name";r=R;t=T`, without `format!`.
         let field = |a: &str, x: u64, b: &str, y: u64| {
@@ -137,7 +150,6 @@ fn rate_headers(
         out.push(("x-ratelimit-remaining", decimal(r.remaining)));
         out.push(("x-ratelimit-reset", decimal(reset)));
     }
-    out
 }
 
 #[cfg(test)]
