@@ -13,7 +13,7 @@ PY              := $(VENV)/bin/python
 WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
-.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions
+.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions bench-memory
 
 all: build
 
@@ -117,13 +117,22 @@ oci: build
 	python3 scripts/oci.py --wasm $(WASM) --out target/oci
 
 # Benchmark (bench/bench.py): no filter vs native local_ratelimit vs sluice,
-# interleaved rounds on localhost, about 6 minutes; writes
+# interleaved rounds on localhost, then refused requests per second (sluice
+# vs native, every request refused), about 8 minutes; writes
 # bench/results/latest.{json,md}. `make bench BENCH_ARGS=--breakdown` runs
 # the hot-path breakdown instead (bench/results/breakdown.{json,md}).
 BENCH_ARGS ?=
 bench: build $(ENVOY)
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+# Memory per sidecar (bench/memory.py): the front Envoy's RSS at
+# --concurrency 2 with no filter, a minimal Rust proxy-wasm filter
+# (bench/minimal, its own crate and lockfile) and sluice with {} and with
+# the demo rule; about 1 minute; writes bench/results/memory.{json,md}.
+bench-memory: build $(ENVOY)
+	cd bench/minimal && cargo build --release --target wasm32-wasip1
+	$(PY) bench/memory.py $(BENCH_ARGS)
 
 # Instructions per request under valgrind: deterministic, unlike CPU time.
 bench-instructions: build $(ENVOY)

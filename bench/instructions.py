@@ -42,8 +42,13 @@ from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_
 RL = {"rate_limits": [bench.huge_rule("global")], "response": bench.SAME_HEADERS}
 BREAKER = {"circuit_breakers": [{"name": "upstream"}]}
 SHEDDER = {"shedders": [{"name": "route", "concurrency": {"max": 100000}}]}
+# A bucket that admits the first request and refuses every other one for an
+# hour: the refusal scenarios measure only refused requests (429).
+REFUSING = {"rate_limits": [{"name": "global", "bucket": {"rate": 1, "period": "1h", "burst": 1}}],
+            "response": bench.SAME_HEADERS}
 
-# id, label, kind, sluice configuration (None: no sluice filter).
+# id, label, kind, sluice configuration (None: no sluice filter), and the
+# status every measured request must get.
 SCENARIOS = [
     ("none", "no filter", "none", None),
     ("native", "native local_ratelimit (x-ratelimit headers on)", "native", None),
@@ -55,7 +60,12 @@ SCENARIOS = [
      dict(RL, circuit_breakers=[{"name": "upstream", "key": {"header": bench.TENANT_HEADER[0]}}])),
     ("rl_shed", "sluice RL + shedder", "sluice", dict(RL, **SHEDDER)),
     ("all", "sluice RL + breaker + shedder", "sluice", dict(RL, **BREAKER, **SHEDDER)),
+    ("refused", "sluice, every request refused (1 rule, 3 headers as native)", "sluice", REFUSING, 429),
+    ("native_refused", "native local_ratelimit, every request refused (empty bucket)", "native_refused",
+     None, 429),
 ]
+SCENARIOS = [s if len(s) == 5 else s + (200,) for s in SCENARIOS]
+REFUSAL_SCENARIOS = {s[0] for s in SCENARIOS if s[4] != 200}
 
 
 def filters_for(kind, cfg, wasm):
@@ -63,11 +73,15 @@ def filters_for(kind, cfg, wasm):
         return []
     if kind == "native":
         return bench.native(bench.HUGE, bench.HUGE, "1s")
+    if kind == "native_refused":
+        # One token, refilled after an hour: the first request takes it.
+        return bench.native(1, 1, "3600s")
     return [wasm_filter(cfg, wasm=wasm)]
 
 
-def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=False):
-    """Instructions the front Envoy executed while answering `requests`."""
+def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=False, status=200):
+    """Instructions the front Envoy executed while answering `requests`,
+    each of which must get `status` (warm-up requests: 200 or `status`)."""
     port = free_port()
     out = Path(tempfile.mkdtemp(dir=tmp)) / "callgrind.out"
     valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--smc-check=all-non-file",
@@ -78,8 +92,8 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
         conn = http1.Conn(port, timeout=60)
         headers = dict([bench.TENANT_HEADER])
         for _ in range(warmup):
-            if conn.request(headers=headers).status != 200:
-                raise RuntimeError("a warm-up request was not answered 200")
+            if conn.request(headers=headers).status not in (200, status):
+                raise RuntimeError(f"a warm-up request was answered neither 200 nor {status}")
         ctl = ["callgrind_control", "--instr=on", str(front.proc.pid)]
         subprocess.run(ctl, check=True, capture_output=True, timeout=60)
         t0 = time.time()
@@ -88,8 +102,9 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
         ctl[1] = "--instr=off"
         subprocess.run(ctl, check=True, capture_output=True, timeout=60)
         conn.close()
-        if statuses.count(200) != requests:
-            raise RuntimeError(f"only {statuses.count(200)} of {requests} measured requests were answered 200")
+        if statuses.count(status) != requests:
+            raise RuntimeError(f"only {statuses.count(status)} of {requests} measured requests were answered "
+                               f"{status}")
     # One output file per dump (normally one, at exit): each counts its own
     # stretch, so the files add up. In a file, "summary" and "totals" agree.
     total, jit = 0, 0
@@ -149,13 +164,13 @@ def main():
     with tempfile.TemporaryDirectory(prefix="sluice-instr-") as tmp:
         up = free_port()
         with Envoy(upstream_bootstrap(up, free_port()), concurrency=1):
-            for sid, label, kind, cfg in SCENARIOS:
+            for sid, label, kind, cfg, status in SCENARIOS:
                 if sid not in wanted:
                     continue
                 for vname, wasm in (variants if kind == "sluice" else [("-", None)]):
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
-                              expect_jit=kind == "sluice")
+                              expect_jit=kind == "sluice", status=status)
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)
                     print(f"  {sid:<8} {vname:<10} {r['instructions_per_request']:>9.0f} instructions/request "
@@ -166,6 +181,13 @@ def main():
         n = r["instructions_per_request"]
         if len(variants) > 1 and r["variant"] != "-" and r["scenario"] in first:
             r["vs_first_build"] = n - first[r["scenario"]]
+        if r["scenario"] in REFUSAL_SCENARIOS:
+            # A refusal never reaches the upstream: compared with native's
+            # refusal only (the goal: at most 1.3x native's instructions).
+            if "native_refused" in ref:
+                r["ratio_native_over_this"] = ref["native_refused"] / n
+                r["this_over_native_refusal"] = n / ref["native_refused"]
+            continue
         if "none" in ref:
             r["added_over_none"] = n - ref["none"]
         if "native" in ref:
@@ -180,7 +202,8 @@ def write(name, rows, variants, started, args):
                             cwd=bench.ROOT).stdout.strip()
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
     lines = ["| scenario | build | instructions / request | added over no filter | of which in code V8 compiled (the wasm and its call wrappers) | "
-             "native / this (a throughput ratio if the front Envoy were the only bottleneck) | "
+             "native / this (a throughput ratio if the front Envoy were the only bottleneck; "
+             "refusals: native's refusal / this) | "
              "added, in multiples of what native adds | vs the first build | req/s under valgrind |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -2,25 +2,164 @@
 //! with jitter, and gRPC status codes. Each mechanism builds its own reply
 //! in its `reply.rs`; the host only sends it.
 //!
+//! A refusal keeps what it will say ([`Detail`]) rather than its texts: the
+//! host formats only what it sends (the JSON body or the gRPC message, and
+//! the reason header if configured), which spares a refused request the
+//! texts it does not get.
+//!
 //! `Retry-After` is whole seconds, at least 1, and never earlier than the
 //! moment the request could pass: `ceil((wait + jitter) / 1s)` with jitter
 //! uniform in `[0, spread]`, so clients refused together come back spread out.
 
 use crate::duration::NS_PER_S;
 use crate::rng::SplitMix;
+use std::rc::Rc;
 
 /// A local reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     pub status: u32,
     pub headers: Vec<(&'static str, String)>,
-    pub body: String,
-    /// For gRPC requests: this grpc-status and message instead.
+    /// For gRPC requests: this grpc-status and [`Rejection::grpc_message`]
+    /// instead of the status and [`Rejection::body`].
     pub grpc_status: u32,
-    pub grpc_message: String,
+    /// What the body, the gRPC message and the reason say.
+    pub detail: Detail,
+}
+
+/// Which mechanism refused, and the figures its texts carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Detail {
+    RateLimited {
+        rule: Rc<str>,
+        wait_ms: u64,
+        retry_after_s: u64,
+    },
+    CircuitOpen {
+        breaker: String,
+        half_open: bool,
+        wait_ms: u64,
+        retry_after_s: u64,
+    },
+    Shed {
+        shedder: String,
+        priority: &'static str,
+        retry_after_s: u64,
+    },
+}
+
+impl Rejection {
+    /// The JSON body of an HTTP refusal.
+    pub fn body(&self) -> String {
+        let mut b = String::with_capacity(128);
+        match &self.detail {
+            Detail::RateLimited {
+                rule,
+                wait_ms,
+                retry_after_s,
+            } => {
+                b.push_str("{\"error\":\"rate_limited\",\"rule\":");
+                push_json_str(&mut b, rule);
+                b.push_str(",\"retry_after_ms\":");
+                push_decimal(&mut b, *wait_ms);
+                b.push_str(",\"retry_after_s\":");
+                push_decimal(&mut b, *retry_after_s);
+            }
+            Detail::CircuitOpen {
+                breaker,
+                half_open,
+                wait_ms,
+                retry_after_s,
+            } => {
+                b.push_str("{\"error\":\"circuit_open\",\"breaker\":");
+                push_json_str(&mut b, breaker);
+                b.push_str(",\"state\":\"");
+                b.push_str(circuit_state(*half_open));
+                b.push_str("\",\"retry_after_ms\":");
+                push_decimal(&mut b, *wait_ms);
+                b.push_str(",\"retry_after_s\":");
+                push_decimal(&mut b, *retry_after_s);
+            }
+            Detail::Shed {
+                shedder,
+                priority,
+                retry_after_s,
+            } => {
+                b.push_str("{\"error\":\"overloaded\",\"shedder\":");
+                push_json_str(&mut b, shedder);
+                b.push_str(",\"priority\":");
+                push_json_str(&mut b, priority);
+                b.push_str(",\"retry_after_s\":");
+                push_decimal(&mut b, *retry_after_s);
+            }
+        }
+        b.push('}');
+        b
+    }
+
+    /// The message of a gRPC refusal.
+    pub fn grpc_message(&self) -> String {
+        match &self.detail {
+            Detail::RateLimited { rule, wait_ms, .. } => {
+                format!("rate limited by rule {rule}; retry in {wait_ms} ms")
+            }
+            Detail::CircuitOpen {
+                breaker,
+                half_open,
+                wait_ms,
+                ..
+            } => format!(
+                "circuit {breaker} is {}; retry in {wait_ms} ms",
+                circuit_state(*half_open)
+            ),
+            Detail::Shed {
+                shedder,
+                priority,
+                retry_after_s,
+                ..
+            } => format!("shed by {shedder} for overload ({priority}); retry in {retry_after_s} s"),
+        }
+    }
+
     /// Mechanism and name, e.g. `ratelimit/per-client`, for the optional
     /// reason header (`response.reason_header`).
-    pub reason: String,
+    pub fn reason(&self) -> String {
+        match &self.detail {
+            Detail::RateLimited { rule, .. } => format!("ratelimit/{rule}"),
+            Detail::CircuitOpen { breaker, .. } => format!("breaker/{breaker}"),
+            Detail::Shed { shedder, .. } => format!("shed/{shedder}"),
+        }
+    }
+}
+
+fn circuit_state(half_open: bool) -> &'static str {
+    if half_open {
+        "half-open"
+    } else {
+        "open"
+    }
+}
+
+/// `n` in decimal: the standard library's `to_string`, which integers
+/// specialise past the formatting machinery (it runs on every refusal and
+/// every admitted request with headers).
+pub fn decimal(n: u64) -> String {
+    n.to_string()
+}
+
+/// Appends `n` in decimal.
+pub fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        start -= 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(digits.get(start..).unwrap_or_default()).unwrap_or("0"));
 }
 
 /// gRPC status RESOURCE_EXHAUSTED (rate limited).
@@ -38,10 +177,31 @@ pub fn retry_after_secs(wait_ns: u64, spread_ns: u64, rng: &mut SplitMix) -> u64
     ceil_secs(wait_ns.saturating_add(jitter)).max(1)
 }
 
-/// Escapes a string for a JSON string literal (names are restricted to
-/// `[A-Za-z0-9_-]`, but stay safe regardless).
-pub fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
+/// Appends `s` as a JSON string literal (names are restricted to
+/// `[A-Za-z0-9_-]`, but stay safe regardless): quotes, backslashes and
+/// control characters escaped as RFC 8259 requires.
+pub fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if u32::from(c) < 0x20 => {
+                let n = u32::from(c);
+                out.push_str("\\u00");
+                for nibble in [n >> 4, n & 15] {
+                    out.push(char::from_digit(nibble, 16).unwrap_or('0'));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// Whether Envoy treats the request as gRPC: a `content-type` of exactly
@@ -83,6 +243,75 @@ mod tests {
             .collect();
         assert!(values.len() >= 5, "{values:?}");
         assert_eq!(retry_after_secs(S / 2, 0, &mut rng), 1);
+    }
+
+    #[test]
+    fn json_strings_and_decimals_match_serde_json_and_to_string() {
+        for s in [
+            "r",
+            "per-client_1",
+            "a\"b\\c",
+            "x\ny\t\r\u{1}\u{8}\u{c}\u{1f}\u{7f}z",
+            "é€𝄞",
+            "",
+        ] {
+            let mut out = String::new();
+            push_json_str(&mut out, s);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+        }
+        for n in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(decimal(n), n.to_string());
+        }
+    }
+
+    #[test]
+    fn texts_are_the_documented_ones() {
+        let r = |detail| Rejection {
+            status: 429,
+            headers: Vec::new(),
+            grpc_status: 8,
+            detail,
+        };
+        let rl = r(Detail::RateLimited {
+            rule: "r".into(),
+            wait_ms: 2500,
+            retry_after_s: 3,
+        });
+        assert_eq!(
+            rl.body(),
+            r#"{"error":"rate_limited","rule":"r","retry_after_ms":2500,"retry_after_s":3}"#
+        );
+        assert_eq!(
+            rl.grpc_message(),
+            "rate limited by rule r; retry in 2500 ms"
+        );
+        assert_eq!(rl.reason(), "ratelimit/r");
+        let cb = r(Detail::CircuitOpen {
+            breaker: "b".into(),
+            half_open: true,
+            wait_ms: 40,
+            retry_after_s: 1,
+        });
+        assert_eq!(
+            cb.body(),
+            r#"{"error":"circuit_open","breaker":"b","state":"half-open","retry_after_ms":40,"retry_after_s":1}"#
+        );
+        assert_eq!(cb.grpc_message(), "circuit b is half-open; retry in 40 ms");
+        assert_eq!(cb.reason(), "breaker/b");
+        let shed = r(Detail::Shed {
+            shedder: "s".into(),
+            priority: "sheddable",
+            retry_after_s: 2,
+        });
+        assert_eq!(
+            shed.body(),
+            r#"{"error":"overloaded","shedder":"s","priority":"sheddable","retry_after_s":2}"#
+        );
+        assert_eq!(
+            shed.grpc_message(),
+            "shed by s for overload (sheddable); retry in 2 s"
+        );
+        assert_eq!(shed.reason(), "shed/s");
     }
 
     #[test]

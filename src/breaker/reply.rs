@@ -1,7 +1,7 @@
 //! What a client refused by an open breaker sees.
 
 use crate::duration::NS_PER_MS;
-use crate::reply::{json_str, retry_after_secs, Rejection, GRPC_UNAVAILABLE};
+use crate::reply::{decimal, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
 
 /// The answer of an open (or half-open, probes taken) breaker: never
@@ -19,14 +19,17 @@ pub fn rejection(
     let state = if half_open { "half-open" } else { "open" };
     Rejection {
         status,
-        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", state.to_string())],
-        body: format!(
-            "{{\"error\":\"circuit_open\",\"breaker\":{},\"state\":\"{state}\",\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
-            json_str(name)
-        ),
+        headers: vec![
+            ("retry-after", decimal(retry_after)),
+            ("x-sluice-circuit", state.to_string()),
+        ],
         grpc_status: GRPC_UNAVAILABLE,
-        grpc_message: format!("circuit {name} is {state}; retry in {wait_ms} ms"),
-        reason: format!("breaker/{name}"),
+        detail: Detail::CircuitOpen {
+            breaker: name.to_string(),
+            half_open,
+            wait_ms,
+            retry_after_s: retry_after,
+        },
     }
 }
 

@@ -98,7 +98,13 @@ impl<T> std::ops::Deref for Strict<T> {
     }
 }
 
+/// Never inlined, nor is the visit of the object: each configuration
+/// struct is read by a function of its own instead of inside its parent's
+/// reader. Run only at configuration; it keeps the module's largest
+/// functions small, and with them the memory V8's optimizing compiler
+/// takes (and Envoy's allocator keeps) to compile them.
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Strict<T> {
+    #[inline(never)]
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct ObjectOnly<T>(PhantomData<T>);
         impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectOnly<T> {
@@ -106,6 +112,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Strict<T> {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
+            #[inline(never)]
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
                 T::deserialize(MapAccessDeserializer::new(map))
             }

@@ -134,17 +134,21 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         return Err(err("", "the configuration must be a JSON object"));
     } else {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let raw = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-            // serde_path_to_error writes `?` for a position it could not name.
-            let path = e.path().to_string();
-            let path = path.trim_end_matches('?').trim_end_matches('.');
-            let field = if path == "." {
-                String::new()
-            } else {
-                path.to_string()
-            };
-            err(field, e.into_inner().to_string())
-        })?;
+        // Through `Strict`, so the configuration's own reader is a function
+        // of its own too (see `Strict`).
+        let raw = serde_path_to_error::deserialize(&mut *de)
+            .map(Strict::into_inner)
+            .map_err(|e| {
+                // serde_path_to_error writes `?` for a position it could not name.
+                let path = e.path().to_string();
+                let path = path.trim_end_matches('?').trim_end_matches('.');
+                let field = if path == "." {
+                    String::new()
+                } else {
+                    path.to_string()
+                };
+                err(field, e.into_inner().to_string())
+            })?;
         // Nothing may follow the object: not a second object, not text.
         de.end().map_err(|e| {
             err(

@@ -13,11 +13,10 @@
 //! the VM) when Envoy refuses the call, and neither passes both statuses:
 //! this module calls the host directly.
 
-use super::views::HostRequest;
 use crate::reply::{is_grpc_content_type, Rejection};
-use crate::request::RequestView;
 use log::{debug, warn};
-use proxy_wasm::types::Status;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{MapType, Status};
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -35,14 +34,13 @@ extern "C" {
 
 /// The header map in the proxy-wasm wire format: the count, each name's
 /// and value's length, then each name and value followed by a NUL.
-fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let size = 4 + pairs
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 10)
-        .sum::<usize>();
+fn serialize<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Vec<u8> {
+    let (count, size) = pairs.clone().fold((0u32, 4), |(n, size), (k, v)| {
+        (n + 1, size + k.len() + v.len() + 10)
+    });
     let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
-    for (k, v) in pairs {
+    out.extend_from_slice(&count.to_le_bytes());
+    for (k, v) in pairs.clone() {
         out.extend_from_slice(&(k.len() as u32).to_le_bytes());
         out.extend_from_slice(&(v.len() as u32).to_le_bytes());
     }
@@ -55,23 +53,28 @@ fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-/// Answers the current stream with a local reply.
+/// Answers the current stream with a local reply. Only the texts sent are
+/// formatted: the JSON body or the gRPC message, and the reason if asked.
 pub fn send(r: &Rejection, reason_header: Option<&str>) {
-    debug!("sluice: refused: {}", r.body);
-    let mut pairs: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    if let Some(name) = reason_header {
-        pairs.push((name, r.reason.as_str()));
-    }
-    let grpc = HostRequest::default()
-        .header("content-type")
+    let reason = reason_header.map(|name| (name, r.reason()));
+    // Read once per refusal, so not through the request's header cache.
+    let grpc = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, "content-type")
+        .ok()
+        .flatten()
         .is_some_and(|v| is_grpc_content_type(&v));
-    let body = if grpc {
-        r.grpc_message.as_bytes()
+    let (body, content_type) = if grpc {
+        (r.grpc_message(), None)
     } else {
-        pairs.push(("content-type", "application/json"));
-        r.body.as_bytes()
+        (r.body(), Some(("content-type", "application/json")))
     };
-    let headers = serialize(&pairs);
+    debug!("sluice: refused: {body}");
+    let headers = serialize(
+        r.headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(reason.as_ref().map(|(k, v)| (*k, v.as_str())))
+            .chain(content_type),
+    );
     // gRPC statuses are 0 to 16; 2 is UNKNOWN.
     let grpc_status = i32::try_from(r.grpc_status).unwrap_or(2);
     // SAFETY: every pointer and length describes a live slice for the call.

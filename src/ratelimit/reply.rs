@@ -6,8 +6,11 @@ use super::config::BucketSpec;
 use super::{Evaluation, RuleReport, RuleResult, Verdict};
 use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
-use crate::reply::{ceil_secs, json_str, retry_after_secs, Rejection, GRPC_RESOURCE_EXHAUSTED};
+use crate::reply::{
+    ceil_secs, decimal, push_decimal, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED,
+};
 use crate::rng::SplitMix;
+use std::rc::Rc;
 
 /// What the adapter must do with the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +26,8 @@ pub enum Action {
 /// What the headers say about a rule's policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyInfo {
-    pub name: String,
+    /// Shared with every refusal by the rule (a refusal keeps the name).
+    pub name: Rc<str>,
     /// The quota: the bucket's burst.
     pub quota: u64,
     /// Seconds an empty bucket takes to refill completely (at least 1).
@@ -38,7 +42,7 @@ impl PolicyInfo {
             .unwrap_or(u64::MAX)
             .max(1);
         PolicyInfo {
-            name: name.to_string(),
+            name: name.into(),
             quota: b.burst,
             window_s,
         }
@@ -56,12 +60,16 @@ pub fn action(
         Verdict::Allow => {
             let response_headers = if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
-                eval.reports
+                let mut out = Vec::new();
+                if let Some(r) = eval
+                    .reports
                     .iter()
                     .filter(|r| r.result == RuleResult::Allowed)
                     .min_by_key(|r| r.remaining)
-                    .map(|r| rate_headers(spec.ratelimit_headers, r, policies, None))
-                    .unwrap_or_default()
+                {
+                    rate_headers(&mut out, spec.ratelimit_headers, r, policies, None);
+                }
+                out
             } else {
                 Vec::new()
             };
@@ -69,62 +77,79 @@ pub fn action(
         }
         Verdict::Deny { rule, wait_ns } => {
             let retry_after = retry_after_secs(wait_ns, spec.retry_after_jitter_ns, rng);
-            let name = policies.get(rule).map_or("", |p| p.name.as_str());
+            let name = policies
+                .get(rule)
+                .map_or_else(|| Rc::from(""), |p| p.name.clone());
             let wait_ms = wait_ns.div_ceil(NS_PER_MS);
-            let mut headers = vec![("retry-after", retry_after.to_string())];
+            // Retry-After and at most 5 rate-limit headers, in one allocation.
+            let mut headers = Vec::with_capacity(6);
+            headers.push(("retry-after", decimal(retry_after)));
             if let Some(report) = eval.reports.iter().find(|r| r.rule == rule) {
-                headers.extend(rate_headers(
+                rate_headers(
+                    &mut headers,
                     spec.ratelimit_headers,
                     report,
                     policies,
                     Some(retry_after),
-                ));
+                );
             }
-            let body = format!(
-                "{{\"error\":\"rate_limited\",\"rule\":{},\"retry_after_ms\":{wait_ms},\"retry_after_s\":{retry_after}}}",
-                json_str(name)
-            );
+            // The texts are formatted by the host, only those it sends.
             Action::Reject(Rejection {
                 status: spec.status,
                 headers,
-                body,
                 grpc_status: GRPC_RESOURCE_EXHAUSTED,
-                grpc_message: format!("rate limited by rule {name}; retry in {wait_ms} ms"),
-                reason: format!("ratelimit/{name}"),
+                detail: Detail::RateLimited {
+                    rule: name,
+                    wait_ms,
+                    retry_after_s: retry_after,
+                },
             })
         }
     }
 }
 
-/// The rate-limit headers for one rule. `reset_override` is the refusal's
-/// `Retry-After`, so a refused client is told one consistent time.
+/// Appends the rate-limit headers for one rule. `reset_override` is the
+/// refusal's `Retry-After`, so a refused client is told one consistent time.
 fn rate_headers(
+    out: &mut Vec<(&'static str, String)>,
     style: HeaderStyle,
     r: &RuleReport,
     policies: &[PolicyInfo],
     reset_override: Option<u64>,
-) -> Vec<(&'static str, String)> {
+) {
     let Some(p) = policies.get(r.rule) else {
-        return Vec::new();
+        return;
     };
     let reset = reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns));
-    let mut out = Vec::new();
+    out.reserve(match style {
+        HeaderStyle::None => 0,
+        HeaderStyle::Draft => 2,
+        HeaderStyle::Legacy => 3,
+        HeaderStyle::Both => 5,
+    });
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        // `"name";q=Q;w=W` and `"name";r=R;t=T`, without `format!`.
+        let field = |a: &str, x: u64, b: &str, y: u64| {
+            let mut v = String::with_capacity(p.name.len() + 48);
+            v.push('"');
+            v.push_str(&p.name);
+            v.push_str(a);
+            push_decimal(&mut v, x);
+            v.push_str(b);
+            push_decimal(&mut v, y);
+            v
+        };
         out.push((
             "ratelimit-policy",
-            format!("\"{}\";q={};w={}", p.name, p.quota, p.window_s),
+            field("\";q=", p.quota, ";w=", p.window_s),
         ));
-        out.push((
-            "ratelimit",
-            format!("\"{}\";r={};t={reset}", p.name, r.remaining),
-        ));
+        out.push(("ratelimit", field("\";r=", r.remaining, ";t=", reset)));
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("x-ratelimit-limit", p.quota.to_string()));
-        out.push(("x-ratelimit-remaining", r.remaining.to_string()));
-        out.push(("x-ratelimit-reset", reset.to_string()));
+        out.push(("x-ratelimit-limit", decimal(p.quota)));
+        out.push(("x-ratelimit-remaining", decimal(r.remaining)));
+        out.push(("x-ratelimit-reset", decimal(reset)));
     }
-    out
 }
 
 #[cfg(test)]
@@ -196,11 +221,11 @@ mod tests {
         assert_eq!(h["x-ratelimit-limit"], "20");
         assert_eq!(h["x-ratelimit-reset"], "3");
         assert_eq!(
-            r.body,
+            r.body(),
             r#"{"error":"rate_limited","rule":"r","retry_after_ms":2500,"retry_after_s":3}"#
         );
-        assert!(r.grpc_message.contains("rule r"));
-        assert_eq!(r.reason, "ratelimit/r");
+        assert!(r.grpc_message().contains("rule r"));
+        assert_eq!(r.reason(), "ratelimit/r");
     }
 
     #[test]
