@@ -46,6 +46,14 @@ pub enum Detail {
         priority: &'static str,
         retry_after_s: u64,
     },
+    /// Texts a mechanism wrote out itself (its refusals are rare enough not
+    /// to need formatting only what is sent): a new mechanism needs no
+    /// variant here.
+    Text {
+        body: String,
+        grpc_message: String,
+        reason: String,
+    },
 }
 
 impl Rejection {
@@ -92,6 +100,7 @@ impl Rejection {
                 b.push_str(",\"retry_after_s\":");
                 push_decimal(&mut b, *retry_after_s);
             }
+            Detail::Text { body, .. } => return body.clone(),
         }
         b.push('}');
         b
@@ -118,6 +127,7 @@ impl Rejection {
                 retry_after_s,
                 ..
             } => format!("shed by {shedder} for overload ({priority}); retry in {retry_after_s} s"),
+            Detail::Text { grpc_message, .. } => grpc_message.clone(),
         }
     }
 
@@ -128,6 +138,7 @@ impl Rejection {
             Detail::RateLimited { rule, .. } => format!("ratelimit/{rule}"),
             Detail::CircuitOpen { breaker, .. } => format!("breaker/{breaker}"),
             Detail::Shed { shedder, .. } => format!("shed/{shedder}"),
+            Detail::Text { reason, .. } => reason.clone(),
         }
     }
 }
@@ -180,6 +191,13 @@ pub fn retry_after_secs(wait_ns: u64, spread_ns: u64, rng: &mut SplitMix) -> u64
 /// Appends `s` as a JSON string literal (names are restricted to
 /// `[A-Za-z0-9_-]`, but stay safe regardless): quotes, backslashes and
 /// control characters escaped as RFC 8259 requires.
+pub fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    push_json_str(&mut out, s);
+    out
+}
+
+/// Appends `s` as a JSON string literal.
 pub fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {

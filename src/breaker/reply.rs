@@ -1,7 +1,7 @@
 //! What a client refused by an open breaker sees.
 
 use crate::duration::NS_PER_MS;
-use crate::reply::{decimal, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
+use crate::reply::{decimal, json_str, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
 
 /// The answer of an open (or half-open, probes taken) breaker: never
@@ -46,12 +46,14 @@ pub fn throttled(
     Rejection {
         status,
         headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", "throttled".to_string())],
-        body: format!(
+        grpc_status: GRPC_UNAVAILABLE,
+        detail: Detail::Text {
+            body: format!(
             "{{\"error\":\"circuit_throttled\",\"breaker\":{},\"reject_permille\":{reject_permille},\"retry_after_s\":{retry_after}}}",
             json_str(name)
         ),
-        grpc_status: GRPC_UNAVAILABLE,
-        grpc_message: format!("circuit {name} is throttling ({reject_permille} per 1000 refused)"),
-        reason: format!("breaker/{name}"),
+            grpc_message: format!("circuit {name} is throttling ({reject_permille} per 1000 refused)"),
+            reason: format!("breaker/{name}"),
+        },
     }
 }

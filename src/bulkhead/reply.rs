@@ -3,7 +3,7 @@
 //! or gRPC RESOURCE_EXHAUSTED.
 
 use crate::duration::NS_PER_S;
-use crate::reply::{json_str, retry_after_secs, Rejection, GRPC_RESOURCE_EXHAUSTED};
+use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
 
 /// The refusal of a request over limit `name` of `max` in flight.
@@ -21,12 +21,14 @@ pub fn rejection(
             ("retry-after", retry_after.to_string()),
             ("x-sluice-bulkhead", "full".to_string()),
         ],
-        body: format!(
+        grpc_status: GRPC_RESOURCE_EXHAUSTED,
+        detail: Detail::Text {
+            body: format!(
             "{{\"error\":\"concurrency_limited\",\"limit\":{},\"max_in_flight\":{max},\"retry_after_s\":{retry_after}}}",
             json_str(name)
         ),
-        grpc_status: GRPC_RESOURCE_EXHAUSTED,
-        grpc_message: format!("{name}: {max} requests of this caller in flight already"),
-        reason: format!("bulkhead/{name}"),
+            grpc_message: format!("{name}: {max} requests of this caller in flight already"),
+            reason: format!("bulkhead/{name}"),
+        },
     }
 }

@@ -2,7 +2,7 @@
 //! limit (`x-sluice-retry-budget: exhausted`, error `retry_budget_exhausted`).
 
 use crate::duration::NS_PER_S;
-use crate::reply::{json_str, retry_after_secs, Rejection, GRPC_RESOURCE_EXHAUSTED};
+use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
 
 /// The refusal of a retry over budget `name`.
@@ -14,12 +14,14 @@ pub fn rejection(name: &str, status: u32, spread_ns: u64, rng: &mut SplitMix) ->
             ("retry-after", retry_after.to_string()),
             ("x-sluice-retry-budget", "exhausted".to_string()),
         ],
-        body: format!(
+        grpc_status: GRPC_RESOURCE_EXHAUSTED,
+        detail: Detail::Text {
+            body: format!(
             "{{\"error\":\"retry_budget_exhausted\",\"budget\":{},\"retry_after_s\":{retry_after}}}",
             json_str(name)
         ),
-        grpc_status: GRPC_RESOURCE_EXHAUSTED,
-        grpc_message: format!("retry budget {name} exhausted; retry in {retry_after} s"),
-        reason: format!("retry_budget/{name}"),
+            grpc_message: format!("retry budget {name} exhausted; retry in {retry_after} s"),
+            reason: format!("retry_budget/{name}"),
+        },
     }
 }
