@@ -45,6 +45,23 @@ _base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))
 _lock = threading.Lock()
 
 
+def wait_ready(proc, url, seconds, what, logs):
+    """Polls `url` until it answers 200 (True), `proc` exits (raises, with
+    the end of its log) or `seconds` pass (False)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}:\n{logs()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,17 +187,8 @@ class Envoy:
              "-l", self.log_level, "--disable-hot-restart"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
-        deadline = time.time() + self.ready_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited {self.proc.returncode}:\n{self.logs()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.05)
+        if wait_ready(self.proc, f"http://127.0.0.1:{self.admin_port}/ready", self.ready_s, "envoy", self.logs):
+            return self
         self.__exit__()
         raise RuntimeError("envoy did not become ready")
 

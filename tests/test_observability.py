@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import http1
-from harness import ROOT, Stack, free_port
+from harness import ROOT, Stack, free_port, wait_ready
 
 OBS = ROOT / "observability"
 ALERTS = OBS / "alerts.yaml"
@@ -245,17 +245,8 @@ class Prometheus:
             [exe, f"--config.file={self.config}", f"--storage.tsdb.path={Path(self.dir.name) / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self.proc.returncode}:\n{self.logs()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.1)
+        if wait_ready(self.proc, f"http://127.0.0.1:{self.port}/-/ready", 20, "prometheus", self.logs):
+            return self
         self.__exit__()
         raise RuntimeError("prometheus did not become ready")
 
