@@ -59,12 +59,12 @@ pub fn build(
                 ("domain", config.domain.as_str()),
                 ("breaker", b.name.as_str()),
             ];
-            let mut transition = |t| {
-                let l = [labels[0], labels[1], ("transition", t)];
-                reg.labelled(Kind::Counter, "sluice_cb_transitions_total", &l)
-            };
-            let (opened, half_opened) = (transition("opened"), transition("half_opened"));
-            let (closed, reopened) = (transition("closed"), transition("reopened"));
+            let [opened, half_opened, closed, reopened] = reg.variants(
+                "sluice_cb_transitions_total",
+                &labels,
+                "transition",
+                ["opened", "half_opened", "closed", "reopened"],
+            );
             let mut m = |kind, name| reg.labelled(kind, name, &labels);
             OneBreaker {
                 opened,

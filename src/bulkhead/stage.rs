@@ -45,11 +45,12 @@ pub fn build(
                 ("domain", config.domain.as_str()),
                 ("limit", l.name.as_str()),
             ];
-            let mut result = |value| {
-                let r = [labels[0], labels[1], ("result", value)];
-                reg.labelled(Kind::Counter, "sluice_bulkhead_requests_total", &r)
-            };
-            let (admitted, limited) = (result("admitted"), result("limited"));
+            let [admitted, limited] = reg.variants(
+                "sluice_bulkhead_requests_total",
+                &labels,
+                "result",
+                ["admitted", "limited"],
+            );
             OneLimit {
                 admitted,
                 limited,

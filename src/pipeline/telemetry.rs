@@ -64,6 +64,23 @@ impl Registry {
         self.untagged(kind, &full)
     }
 
+    /// Defines counter `name` once for each value of label `key` (after
+    /// `labels`), in the order given: a mechanism's variants, such as a
+    /// rule's results.
+    pub fn variants<const N: usize>(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        key: &str,
+        values: [&str; N],
+    ) -> [MetricId; N] {
+        values.map(|v| {
+            let mut l = labels.to_vec();
+            l.push((key, v));
+            self.labelled(Kind::Counter, name, &l)
+        })
+    }
+
     /// Defines the metric `name` (or finds it).
     pub fn untagged(&mut self, kind: Kind, name: &str) -> MetricId {
         if let Some(i) = self.defs.iter().position(|d| d.name == name) {

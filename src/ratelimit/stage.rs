@@ -48,13 +48,12 @@ pub fn build(
                 ("domain", config.domain.as_str()),
                 ("rule", r.name.as_str()),
             ];
-            let mut result = |value| {
-                let l = [labels[0], labels[1], ("result", value)];
-                reg.labelled(Kind::Counter, "sluice_rl_requests_total", &l)
-            };
-            let (allowed, limited) = (result("allowed"), result("limited"));
-            let (shadow_limited, store_failures) =
-                (result("shadow_limited"), result("store_failure"));
+            let [allowed, limited, shadow_limited, store_failures] = reg.variants(
+                "sluice_rl_requests_total",
+                &labels,
+                "result",
+                ["allowed", "limited", "shadow_limited", "store_failure"],
+            );
             let mut m = |kind, name| reg.labelled(kind, name, &labels);
             RuleMetrics {
                 allowed,

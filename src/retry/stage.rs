@@ -38,12 +38,12 @@ pub fn build(config: &Config, reg: &mut Registry) -> Result<Option<Box<dyn Stage
                 ("domain", config.domain.as_str()),
                 ("budget", b.name.as_str()),
             ];
-            let mut result = |value| {
-                let l = [labels[0], labels[1], ("result", value)];
-                reg.labelled(Kind::Counter, "sluice_retry_requests_total", &l)
-            };
-            let (first_tries, admitted) = (result("first_try"), result("retry_admitted"));
-            let refused = result("retry_refused");
+            let [first_tries, admitted, refused] = reg.variants(
+                "sluice_retry_requests_total",
+                &labels,
+                "result",
+                ["first_try", "retry_admitted", "retry_refused"],
+            );
             OneBudget {
                 first_tries,
                 admitted,

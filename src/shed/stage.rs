@@ -63,15 +63,9 @@ pub fn build(
                 ("domain", config.domain.as_str()),
                 ("shedder", s.name.as_str()),
             ];
-            let mut shed = |class: Class| {
-                let l = [labels[0], labels[1], ("priority", class.name())];
-                reg.labelled(Kind::Counter, "sluice_shed_total", &l)
-            };
-            let shed = [
-                shed(Class::Sheddable),
-                shed(Class::Default),
-                shed(Class::Critical),
-            ];
+            // Indexed by `Class as usize`.
+            let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
+            let shed = reg.variants("sluice_shed_total", &labels, "priority", classes);
             let mut m = |kind, name| reg.labelled(kind, name, &labels);
             OneShedder {
                 in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
