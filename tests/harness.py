@@ -62,6 +62,17 @@ def wait_ready(proc, url, seconds, what, logs):
     return False
 
 
+def stop_child(proc, seconds):
+    """Terminates a child process (if it runs), killing it after `seconds`."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -193,13 +204,7 @@ class Envoy:
         raise RuntimeError("envoy did not become ready")
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(self.stop_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, self.stop_s)
         self.log.close()
         self.dir.cleanup()
 
@@ -317,9 +322,7 @@ class SlowUpstream:
         raise RuntimeError("the slow upstream did not start")
 
     def __exit__(self, *exc):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(5)
+        stop_child(self.proc, 5)
 
     def stats(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import http1
-from harness import ROOT, Stack, free_port, wait_ready
+from harness import ROOT, Stack, free_port, stop_child, wait_ready
 
 OBS = ROOT / "observability"
 ALERTS = OBS / "alerts.yaml"
@@ -251,13 +251,7 @@ class Prometheus:
         raise RuntimeError("prometheus did not become ready")
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, 10)
         self.log.close()
         self.dir.cleanup()
 
