@@ -306,7 +306,12 @@ impl Stage for ShedStage {
         let now = cx.now_ms();
         let classes = self.shedders.classify(req);
         let mut watched = Vec::new();
-        let deadline = self.deadline(req, now);
+        // Only a request some shedder sees may wait, so only it needs its deadline.
+        let deadline = if classes.is_empty() {
+            None
+        } else {
+            self.deadline(req, now)
+        };
         let step = self.arrive(cx, (id, now), classes, deadline, &mut watched);
         if let Some(Step::Reply(r)) = step {
             for s in watched {
