@@ -4,8 +4,9 @@
 use super::metrics::{self, HostSink, StoreMetrics};
 use super::reply;
 use super::store::SharedData;
-use super::views::now_ns;
-use crate::pipeline::{Effect, Env, Outcome, Pipeline};
+use super::views::{now_ns, HostRequest};
+use crate::hash::FastMap;
+use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::RefCell;
@@ -17,6 +18,9 @@ pub struct Plugin {
     pub store_metrics: StoreMetrics,
     reason_header: Option<String>,
     empty: bool,
+    /// The pipeline state of paused streams, by stream id, so that a
+    /// resume (from another stream's hook or a tick) can go on with it.
+    parked: RefCell<FastMap<u32, pipeline::Stream>>,
 }
 
 impl Plugin {
@@ -33,7 +37,20 @@ impl Plugin {
             pipeline: RefCell::new(pipeline),
             ids,
             empty,
+            parked: RefCell::default(),
         }
+    }
+
+    /// Keeps a paused stream's pipeline state until its own next hook.
+    pub fn park(&self, id: u32, state: pipeline::Stream) {
+        if let Ok(mut parked) = self.parked.try_borrow_mut() {
+            parked.insert(id, state);
+        }
+    }
+
+    /// Takes back a parked stream's state.
+    pub fn unpark(&self, id: u32) -> Option<pipeline::Stream> {
+        self.parked.try_borrow_mut().ok()?.remove(&id)
     }
 
     /// Whether no mechanism is configured.
@@ -82,10 +99,14 @@ impl Plugin {
                                 Some(value),
                             );
                         }
-                        let _ = hostcalls::resume_http_request();
+                        self.go_on(stream);
                     } else {
                         // The stream is gone: give back what it may hold.
-                        if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
+                        let out = match self.unpark(stream) {
+                            Some(mut state) => self.call(|p, env| p.end(env, &mut state)),
+                            None => self.call(|p, env| p.gone(env, stream)),
+                        };
+                        if let Some(out) = out {
                             self.apply(out, None);
                         }
                     }
@@ -100,6 +121,34 @@ impl Plugin {
         if let Some(id) = current {
             let _ = hostcalls::set_effective_context(id);
         }
+    }
+}
+
+impl Plugin {
+    /// A paused stream (now the effective context) was resumed by the stage
+    /// that paused it: the later stages decide on it, then it goes on, is
+    /// answered, or waits again.
+    fn go_on(&self, stream: u32) {
+        let Some(mut state) = self.unpark(stream) else {
+            let _ = hostcalls::resume_http_request();
+            return;
+        };
+        let req = HostRequest::default();
+        let decided = self.call(|p, env| p.resume(env, &mut state, &req));
+        // Parked until the stream's own next hook takes it back.
+        self.park(stream, state);
+        let Some((verdict, out)) = decided else {
+            let _ = hostcalls::resume_http_request();
+            return;
+        };
+        match verdict {
+            Verdict::Continue => {
+                let _ = hostcalls::resume_http_request();
+            }
+            Verdict::Pause => {}
+            Verdict::Reply(r) => reply::send(&r, self.reason_header()),
+        }
+        self.apply(out, None);
     }
 }
 

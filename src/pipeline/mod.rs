@@ -43,6 +43,8 @@ pub struct Stream {
     id: StreamId,
     /// Bit `i`: stage `i` holds something for this stream.
     holds: u64,
+    /// The stage that paused the stream (a resume goes on after it).
+    paused_at: Option<usize>,
     response_headers: Vec<(&'static str, String)>,
 }
 
@@ -173,27 +175,23 @@ impl Pipeline {
         stream: &mut Stream,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        self.with_cx(env, |stages, cx| {
-            for (i, stage) in stages.iter_mut().enumerate() {
-                let d = stage.request(cx, stream.id, req);
-                if d.held {
-                    stream.holds |= 1 << i;
-                }
-                match d.step {
-                    Step::Continue => {
-                        if !d.response_headers.is_empty() {
-                            stream.response_headers = d.response_headers;
-                        }
-                    }
-                    Step::Pause => return Verdict::Pause,
-                    Step::Reply(r) => {
-                        release(stages, cx, stream);
-                        return Verdict::Reply(r);
-                    }
-                }
-            }
-            Verdict::Continue
-        })
+        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, 0))
+    }
+
+    /// A stream paused by a stage was resumed by it (`Effect::Resume`; the
+    /// host has set the effect's headers): the stages after that one decide
+    /// on it now, as they would have on its arrival. A stream not paused
+    /// goes on unchanged.
+    pub fn resume(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        req: &dyn RequestView,
+    ) -> (Verdict, Outcome) {
+        let Some(at) = stream.paused_at.take() else {
+            return (Verdict::Continue, Outcome::default());
+        };
+        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, at + 1))
     }
 
     /// The response headers: the stages holding something for the stream
@@ -236,7 +234,7 @@ impl Pipeline {
         let mut stream = Stream {
             id,
             holds: u64::MAX,
-            response_headers: Vec::new(),
+            ..Stream::default()
         };
         self.end(env, &mut stream)
     }
@@ -258,6 +256,40 @@ impl Pipeline {
         });
         out
     }
+}
+
+/// Runs the stages from `from` on a request: each may let it go on, hold
+/// it (paused; resumed later through `Pipeline::resume`) or answer it, which
+/// releases at once what the earlier stages hold for it.
+fn run(
+    stages: &mut [Box<dyn Stage>],
+    cx: &mut Cx<'_, '_>,
+    stream: &mut Stream,
+    req: &dyn RequestView,
+    from: usize,
+) -> Verdict {
+    for (i, stage) in stages.iter_mut().enumerate().skip(from) {
+        let d = stage.request(cx, stream.id, req);
+        if d.held {
+            stream.holds |= 1 << i;
+        }
+        match d.step {
+            Step::Continue => {
+                if !d.response_headers.is_empty() {
+                    stream.response_headers = d.response_headers;
+                }
+            }
+            Step::Pause => {
+                stream.paused_at = Some(i);
+                return Verdict::Pause;
+            }
+            Step::Reply(r) => {
+                release(stages, cx, stream);
+                return Verdict::Reply(r);
+            }
+        }
+    }
+    Verdict::Continue
 }
 
 /// Tells every stage holding something for the stream that it ended, and

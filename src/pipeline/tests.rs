@@ -92,6 +92,7 @@ struct Sim {
     /// Pipelines (the last is the current configuration) and their metrics.
     pipelines: Vec<(Pipeline, Recorder)>,
     streams: Vec<(Stream, Phase, usize)>,
+    requests: Vec<FakeRequest>,
     resumed: u32,
     shed_from_queue: u32,
 }
@@ -103,6 +104,7 @@ impl Sim {
             now: Rc::new(Cell::new(T0)),
             pipelines: Vec::new(),
             streams: Vec::new(),
+            requests: Vec::new(),
             resumed: 0,
             shed_from_queue: 0,
         };
@@ -172,7 +174,27 @@ impl Sim {
                 "stream {id}: effect {to:?} on a stream not paused"
             );
             s.1 = to;
+            if to == Phase::InFlight {
+                self.go_on(i, id as usize);
+            }
         }
+    }
+
+    /// A resumed stream: the stages after the one that paused it decide.
+    fn go_on(&mut self, i: usize, id: usize) {
+        let mut st = std::mem::take(&mut self.streams[id].0);
+        let req = self.requests[id].clone();
+        let v = self.call(i, |p, env| p.resume(env, &mut st, &req));
+        let phase = match v {
+            Verdict::Continue => Phase::InFlight,
+            Verdict::Pause => Phase::Paused,
+            Verdict::Reply(_) => {
+                assert_eq!(st.holds, 0, "a refused request holds nothing");
+                Phase::Answered
+            }
+        };
+        self.streams[id].0 = st;
+        self.streams[id].1 = phase;
     }
 
     fn arrive(&mut self, key: u64, path: &str, prio: &str) {
@@ -196,6 +218,7 @@ impl Sim {
             }
         };
         self.streams.push((st, phase, cur));
+        self.requests.push(req);
     }
 
     fn respond(&mut self, id: usize, status: u32) {
@@ -404,4 +427,82 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
         }]
     );
     assert_eq!(out.tick, Some(SLOW_TICK));
+}
+
+/// A stage that pauses every request and holds it; counts its releases.
+struct Pauser(Rc<Cell<u32>>);
+
+impl Stage for Pauser {
+    fn request(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId, _r: &dyn RequestView) -> Decision {
+        Decision::of(Step::Pause, true)
+    }
+    fn end(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId) {
+        self.0.set(self.0.get() + 1);
+    }
+}
+
+/// A stage that counts the requests it sees and refuses those with `x-no`.
+struct Later(Rc<Cell<u32>>);
+
+impl Stage for Later {
+    fn request(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId, r: &dyn RequestView) -> Decision {
+        self.0.set(self.0.get() + 1);
+        match r.header("x-no") {
+            Some(_) => Decision::of(
+                Step::Reply(crate::reply::Rejection {
+                    status: 429,
+                    headers: Vec::new(),
+                    grpc_status: 8,
+                    detail: crate::reply::Detail::Text {
+                        body: String::new(),
+                        grpc_message: String::new(),
+                        reason: "test".into(),
+                    },
+                }),
+                false,
+            ),
+            None => Decision::pass(),
+        }
+    }
+}
+
+#[test]
+fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
+    let (released, seen) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
+    let mut p = Pipeline::build(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
+    p.stages = vec![
+        Box::new(Pauser(released.clone())),
+        Box::new(Later(seen.clone())),
+    ];
+    let store = MemoryStore::default();
+    let mut rec = Recorder::default();
+    let clock = || T0;
+    let mut env = Env {
+        store: &store,
+        clock: &clock,
+        sink: &mut rec,
+    };
+    let ok = FakeRequest::new("GET", "/");
+    let mut a = Stream::new(1);
+    assert_eq!(p.request(&mut env, &mut a, &ok).0, Verdict::Pause);
+    assert_eq!(seen.get(), 0, "a later stage saw a paused request");
+    assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
+    assert_eq!(seen.get(), 1);
+    // A second resume (a stream not paused) decides nothing again.
+    assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
+    assert_eq!(seen.get(), 1);
+    p.end(&mut env, &mut a);
+    assert_eq!(released.get(), 1);
+    // Refused by the later stage on its resume: the pausing stage's hold
+    // is released at once, and not again when the stream ends.
+    let no = FakeRequest::new("GET", "/").with_header("x-no", b"1");
+    let mut b = Stream::new(2);
+    assert_eq!(p.request(&mut env, &mut b, &no).0, Verdict::Pause);
+    assert!(matches!(
+        p.resume(&mut env, &mut b, &no).0,
+        Verdict::Reply(_)
+    ));
+    assert_eq!(released.get(), 2);
+    p.end(&mut env, &mut b);
+    assert_eq!(released.get(), 2);
 }
