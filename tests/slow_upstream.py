@@ -2,7 +2,8 @@
 requests are served at once, each taking DELAY_MS; the rest wait in line,
 as they would in a real overloaded service. Run as a child process:
     python slow_upstream.py PORT CAPACITY DELAY_MS
-It counts requests in flight and the most ever seen, served at GET /__stats.
+It counts requests in flight and the most ever seen, and records when each
+request arrived (seconds, CLOCK_MONOTONIC), served at GET /__stats.
 """
 
 import json
@@ -14,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 PORT, CAPACITY, DELAY_MS = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 slots = threading.Semaphore(CAPACITY)
 lock = threading.Lock()
-stats = {"served": 0, "in_flight": 0, "max_in_flight": 0}
+stats = {"served": 0, "in_flight": 0, "max_in_flight": 0, "arrivals": []}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -26,8 +27,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/__stats":
-            body = json.dumps(stats).encode()
+            with lock:
+                body = json.dumps(stats).encode()
         else:
+            arrived = time.monotonic()
+            with lock:
+                stats["arrivals"].append(arrived)
             with slots:
                 with lock:
                     stats["in_flight"] += 1

@@ -25,8 +25,12 @@ fn a_full_rule_parses_with_its_defaults() {
     )
     .expect("valid");
     let r = &c.rules[0];
-    assert_eq!(r.bucket.burst, 100, "burst defaults to rate");
-    assert_eq!(r.bucket.period_ns, 60_000_000_000);
+    assert_eq!(
+        r.bucket().expect("bucket").burst,
+        100,
+        "burst defaults to rate"
+    );
+    assert_eq!(r.bucket().expect("bucket").period_ns, 60_000_000_000);
     assert_eq!(r.key[0], KeyPart::Header("x-tenant".into()));
     assert_eq!(r.key.len(), 8);
     assert_eq!(r.on_missing_key, MissingKey::Skip);
@@ -151,8 +155,103 @@ fn bad_configurations_name_the_field_and_the_problem() {
         ),
         (
             r#"{"rate_limits":[{"name":"a"}]}"#.into(),
-            "rate_limits[0]",
+            "rate_limits[0].bucket",
             "missing field `bucket`",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window"}]}"#.into(),
+            "rate_limits[0].window",
+            "missing field `window`",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"leaky"}]}"#.into(),
+            "rate_limits[0].algorithm",
+            "unknown variant `leaky`",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","bucket":{"rate":1,"period":"1s"},"window":{"limit":1,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].bucket",
+            "is for algorithm token_bucket",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","window":{"limit":1,"period":"1s"},"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].window",
+            "is for algorithm sliding_window",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":0,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].window.limit",
+            "greater than 0",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":4294967296,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].window.limit",
+            "at most 4294967295",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"500ms"}}]}"#.into(),
+            "rate_limits[0].window.period",
+            "at least 1s",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"9000h"}}]}"#.into(),
+            "rate_limits[0].window.period",
+            "at most 8784h",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m","size":3}}]}"#.into(),
+            "rate_limits[0].window.size",
+            "unknown field",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m"},"cost":{"max":6}}]}"#.into(),
+            "rate_limits[0].cost.max",
+            "larger than the burst or window limit (5)",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"wait"}]}"#.into(),
+            "rate_limits[0].on_limit",
+            "unknown variant `wait`",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay"}]}"#.into(),
+            "rate_limits[0].max_delay",
+            "is required with on_limit: delay",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"max_delay":"1s"}]}"#.into(),
+            "rate_limits[0].max_delay",
+            "only applies with on_limit: delay",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"max_delayed":5}]}"#.into(),
+            "rate_limits[0].max_delayed",
+            "only applies with on_limit: delay",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"0s"}]}"#.into(),
+            "rate_limits[0].max_delay",
+            "longer than 0",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"2m"}]}"#.into(),
+            "rate_limits[0].max_delay",
+            "at most 60s",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"soon"}]}"#.into(),
+            "rate_limits[0].max_delay",
+            "",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"1s","max_delayed":0}]}"#.into(),
+            "rate_limits[0].max_delayed",
+            "between 1 and 100000, got 0",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m"},"on_limit":"delay","max_delay":"1s"}]}"#.into(),
+            "rate_limits[0].on_limit",
+            "needs algorithm token_bucket",
         ),
         (
             r#"{"response":{"status":200}}"#.into(),

@@ -23,7 +23,9 @@ const MS: u64 = 1_000_000;
 /// Two configurations that share a shedder and a breaker, as an update that
 /// adds a rule would.
 const A: &str = r#"{"rate_limits":[{"name":"r","key":[{"header":"x-k"}],
-  "bucket":{"rate":20,"period":"100ms","burst":6}}],
+  "bucket":{"rate":20,"period":"100ms","burst":6}},
+  {"name":"pace","match":{"path_prefix":"/q/p"},"bucket":{"rate":200,"period":"1s","burst":1},
+   "on_limit":"delay","max_delay":"20ms","max_delayed":3}],
  "circuit_breakers":[{"name":"b","key":{"header":"x-dep"},"min_requests":4,
   "error_rate":0.5,"window":"1s","open":{"base":"30ms","max":"60ms"},
   "half_open":{"probes":1,"probe_timeout":"200ms"}}],
@@ -281,7 +283,7 @@ impl Sim {
     }
 }
 
-fn lifecycle(seed: u64) -> (u32, u32) {
+fn lifecycle(seed: u64) -> (u32, u32, i64) {
     let mut rng = SplitMix(seed);
     let mut sim = Sim::new();
     for _ in 0..400 {
@@ -295,7 +297,7 @@ fn lifecycle(seed: u64) -> (u32, u32) {
         };
         match rng.below(10) {
             0..=3 => {
-                let path = ["/q/x", "/l/y", "/other"][rng.below(3) as usize];
+                let path = ["/q/x", "/q/p", "/l/y", "/other"][rng.below(4) as usize];
                 let prio = ["sheddable", "default", "critical"][rng.below(3) as usize];
                 sim.arrive(rng.below(4), path, prio);
             }
@@ -356,21 +358,29 @@ fn lifecycle(seed: u64) -> (u32, u32) {
         let name = format!("domain=.=default;.;shedder=.=q;.;sluice_shed_{g}");
         assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
     }
-    (sim.resumed, sim.shed_from_queue)
+    assert_eq!(
+        sim.gauge("domain=.=default;.;rule=.=pace;.;sluice_rl_held"),
+        0,
+        "seed {seed}: requests still held for their turn"
+    );
+    let delayed =
+        sim.gauge("domain=.=default;.;rule=.=pace;.;result=.=delayed;.;sluice_rl_requests_total");
+    (sim.resumed, sim.shed_from_queue, delayed)
 }
 
 #[test]
 fn property_every_slot_place_and_probe_claim_is_released_exactly_once() {
-    let (mut resumed, mut shed) = (0, 0);
+    let (mut resumed, mut shed, mut delayed) = (0, 0, 0);
     for seed in 0..120 {
-        let (r, s) = lifecycle(seed);
+        let (r, s, d) = lifecycle(seed);
         resumed += r;
         shed += s;
+        delayed += d;
     }
-    // The runs did exercise the queue both ways.
+    // The runs did exercise the queue both ways, and shaping.
     assert!(
-        resumed > 50 && shed > 10,
-        "resumed {resumed}, shed from the queue {shed}"
+        resumed > 50 && shed > 10 && delayed > 50,
+        "resumed {resumed}, shed from the queue {shed}, delayed {delayed}"
     );
 }
 

@@ -11,7 +11,13 @@
 //! exceeds `burst + rate * elapsed / period`; a request refused with wait `W`
 //! is admitted at `now + W` and would still be refused at `now + W - 1`.
 
-use super::config::BucketSpec;
+/// A validated token bucket: `rate` tokens per `period_ns`, holding `burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketSpec {
+    pub rate: u64,
+    pub period_ns: u64,
+    pub burst: u64,
+}
 
 /// The outcome of asking a bucket for `cost` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +29,9 @@ pub enum Outcome {
         remaining: u64,
         /// Nanoseconds until the bucket is full again.
         full_in_ns: u64,
+        /// Shaping: nanoseconds the request must be held before it goes on
+        /// (its reserved turn); 0 when it may go at once.
+        delay_ns: u64,
     },
     /// Refused; the state is unchanged.
     Deny {
@@ -80,16 +89,27 @@ impl BucketSpec {
     /// Decides whether `cost` tokens (at most `burst`) are available at
     /// `now_ns` for a bucket whose state is `tat`.
     pub fn decide(&self, tat: u128, now_ns: u64, cost: u64) -> Outcome {
+        self.decide_within(tat, now_ns, cost, 0)
+    }
+
+    /// As `decide`, but a request whose tokens come within `slack_ns` is
+    /// admitted with its turn reserved: it takes the tokens now (the state
+    /// moves past the burst) and must wait `delay_ns` before it goes on
+    /// (shaping). Requests reserving in turn are spaced exactly one cost's
+    /// refill apart.
+    pub fn decide_within(&self, tat: u128, now_ns: u64, cost: u64, slack_ns: u64) -> Outcome {
         let now = self.scaled_now(now_ns);
         let period = self.period_ns as u128;
         let base = tat.max(now);
         let new_tat = base.saturating_add((cost as u128).saturating_mul(period));
         let limit = now.saturating_add((self.burst as u128).saturating_mul(period));
-        if new_tat <= limit {
+        let slack = (slack_ns as u128).saturating_mul(self.rate as u128);
+        if new_tat <= limit.saturating_add(slack) {
             Outcome::Allow {
                 new_tat,
-                remaining: self.tokens_floor(limit - new_tat),
+                remaining: self.tokens_floor(limit.saturating_sub(new_tat)),
                 full_in_ns: self.ns_ceil(new_tat - now),
+                delay_ns: self.ns_ceil(new_tat.saturating_sub(limit)),
             }
         } else {
             Outcome::Deny {

@@ -1,6 +1,9 @@
 //! A rate-limit rule's settings: the JSON under `rate_limits[i]` and its
 //! validated form, which the limiter trusts without further checks.
 
+use super::algorithm::Algorithm;
+pub use super::bucket::BucketSpec;
+use super::window::WindowSpec;
 use crate::config::fields::{
     check_name, err, header_name, positive, validate_match, ConfigError, RawMatch, Strict,
 };
@@ -30,13 +33,58 @@ pub struct RawRule {
     pub key: Vec<KeyPart>,
     #[serde(default)]
     pub on_missing_key: MissingKey,
-    pub bucket: Strict<RawBucket>,
+    #[serde(default)]
+    pub algorithm: AlgorithmName,
+    #[serde(default)]
+    pub bucket: Option<Strict<RawBucket>>,
+    #[serde(default)]
+    pub window: Option<Strict<RawWindow>>,
     #[serde(default)]
     pub cost: Option<Strict<RawCost>>,
     #[serde(default)]
     pub shadow: bool,
     #[serde(default)]
     pub max_keys: Option<i64>,
+    #[serde(default)]
+    pub on_limit: OnLimit,
+    #[serde(default)]
+    pub max_delay: Option<String>,
+    #[serde(default)]
+    pub max_delayed: Option<i64>,
+}
+
+/// `algorithm`: how a rule counts.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    /// A token bucket (`bucket`): bursts up to `burst`, refilled at `rate`.
+    #[default]
+    TokenBucket,
+    /// Two fixed windows weighted by the overlap (`window`): a rolling
+    /// quota of `limit` per `period`.
+    SlidingWindow,
+}
+
+/// `on_limit`: what a token-bucket rule does with a request over its rate.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    /// Refuse it (429 with Retry-After).
+    #[default]
+    Refuse,
+    /// Hold it until its turn, up to `max_delay`, then send it on
+    /// (shaping); a later turn is refused.
+    Delay,
+}
+
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RawWindow {
+    pub limit: i64,
+    pub period: String,
 }
 
 #[derive(Deserialize)]
@@ -57,20 +105,21 @@ pub struct RawCost {
     pub max: Option<i64>,
 }
 
-/// A validated token bucket: `rate` tokens per `period_ns`, holding `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketSpec {
-    pub rate: u64,
-    pub period_ns: u64,
-    pub burst: u64,
-}
-
 /// Request cost settings, validated so that `1 <= default <= max <= burst`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CostSpec {
     pub default: u64,
     pub header: Option<String>,
     pub max: u64,
+}
+
+/// Shaping settings of a token-bucket rule with `on_limit: delay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shaping {
+    /// The longest a request may be held for its turn.
+    pub max_delay_ns: u64,
+    /// The most requests held at once by one worker (beyond, refused).
+    pub max_delayed: u32,
 }
 
 /// A validated rate-limit rule.
@@ -80,18 +129,28 @@ pub struct RuleSpec {
     pub matcher: Match,
     pub key: Vec<KeyPart>,
     pub on_missing_key: MissingKey,
-    pub bucket: BucketSpec,
+    pub algorithm: Algorithm,
     pub cost: CostSpec,
     pub shadow: bool,
     pub max_keys: u32,
+    pub shaping: Option<Shaping>,
 }
+
+/// Longest accepted sliding window (a year): longer quotas are contracts,
+/// not rate limits.
+pub const MAX_WINDOW_NS: u64 = 366 * 24 * 3_600 * 1_000_000_000;
+/// Longest accepted `max_delay`.
+pub const MAX_DELAY_NS: u64 = 60 * 1_000_000_000;
+/// Largest accepted `max_delayed`.
+pub const MAX_DELAYED: i64 = 100_000;
 
 /// Validates rule `at` (`rate_limits[i]`).
 pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
-    let bucket = validate_bucket(at, &raw.bucket)?;
-    let cost = validate_cost(at, raw.cost.map(Strict::into_inner), bucket.burst)?;
+    let algorithm = validate_algorithm(at, &raw)?;
+    let cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
     let max_keys = validate_max_keys(at, raw.max_keys)?;
+    let shaping = validate_shaping(at, raw.on_limit, raw.max_delay, raw.max_delayed, &algorithm)?;
     for (j, part) in raw.key.iter().enumerate() {
         part.validate()
             .map_err(|p| err(format!("{at}.key[{j}]"), p))?;
@@ -101,11 +160,131 @@ pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
         matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
         key: raw.key.into_iter().map(KeyPart::normalised).collect(),
         on_missing_key: raw.on_missing_key,
-        bucket,
+        algorithm,
         cost,
         shadow: raw.shadow,
         max_keys,
+        shaping,
     })
+}
+
+impl RuleSpec {
+    /// The token bucket, if the rule has one.
+    pub fn bucket(&self) -> Option<&BucketSpec> {
+        match &self.algorithm {
+            Algorithm::Bucket(b) => Some(b),
+            Algorithm::Window(_) => None,
+        }
+    }
+}
+
+/// The algorithm and its one settings object: `bucket` for a token bucket,
+/// `window` for a sliding window, never both.
+fn validate_algorithm(at: &str, raw: &RawRule) -> Result<Algorithm, ConfigError> {
+    match (raw.algorithm, &raw.bucket, &raw.window) {
+        (AlgorithmName::TokenBucket, Some(b), None) => {
+            Ok(Algorithm::Bucket(validate_bucket(at, &b.0)?))
+        }
+        (AlgorithmName::SlidingWindow, None, Some(w)) => {
+            Ok(Algorithm::Window(validate_window(at, &w.0)?))
+        }
+        (AlgorithmName::TokenBucket, _, Some(_)) => Err(err(
+            format!("{at}.window"),
+            "is for algorithm sliding_window; a token bucket takes `bucket`",
+        )),
+        (AlgorithmName::SlidingWindow, Some(_), _) => Err(err(
+            format!("{at}.bucket"),
+            "is for algorithm token_bucket; a sliding window takes `window`",
+        )),
+        (AlgorithmName::TokenBucket, None, None) => {
+            Err(err(format!("{at}.bucket"), "missing field `bucket`"))
+        }
+        (AlgorithmName::SlidingWindow, None, None) => Err(err(
+            format!("{at}.window"),
+            "missing field `window` (algorithm sliding_window)",
+        )),
+    }
+}
+
+fn validate_window(at: &str, raw: &RawWindow) -> Result<WindowSpec, ConfigError> {
+    let limit = positive(format!("{at}.window.limit"), raw.limit)?;
+    if limit > u64::from(u32::MAX) {
+        return Err(err(
+            format!("{at}.window.limit"),
+            format!("must be at most {}", u32::MAX),
+        ));
+    }
+    let window_ns =
+        parse_duration(&raw.period).map_err(|p| err(format!("{at}.window.period"), p))?;
+    if window_ns < 1_000_000_000 || window_ns % 1_000_000 != 0 {
+        return Err(err(
+            format!("{at}.window.period"),
+            "must be at least 1s and a whole number of milliseconds (use a token bucket for shorter spans)",
+        ));
+    }
+    if window_ns > MAX_WINDOW_NS {
+        return Err(err(
+            format!("{at}.window.period"),
+            "must be at most 8784h (366 days)",
+        ));
+    }
+    Ok(WindowSpec { limit, window_ns })
+}
+
+fn validate_shaping(
+    at: &str,
+    on_limit: OnLimit,
+    max_delay: Option<String>,
+    max_delayed: Option<i64>,
+    algorithm: &Algorithm,
+) -> Result<Option<Shaping>, ConfigError> {
+    if on_limit == OnLimit::Refuse {
+        let stray = match (&max_delay, max_delayed) {
+            (Some(_), _) => Some("max_delay"),
+            (_, Some(_)) => Some("max_delayed"),
+            _ => None,
+        };
+        return match stray {
+            Some(f) => Err(err(
+                format!("{at}.{f}"),
+                "only applies with on_limit: delay",
+            )),
+            None => Ok(None),
+        };
+    }
+    if matches!(algorithm, Algorithm::Window(_)) {
+        return Err(err(
+            format!("{at}.on_limit"),
+            "delay (shaping) needs algorithm token_bucket",
+        ));
+    }
+    let Some(text) = max_delay else {
+        return Err(err(
+            format!("{at}.max_delay"),
+            "is required with on_limit: delay (the longest a request may be held)",
+        ));
+    };
+    let max_delay_ns = parse_duration(&text).map_err(|p| err(format!("{at}.max_delay"), p))?;
+    if max_delay_ns == 0 || max_delay_ns > MAX_DELAY_NS {
+        return Err(err(
+            format!("{at}.max_delay"),
+            "must be longer than 0 and at most 60s",
+        ));
+    }
+    let max_delayed = match max_delayed {
+        None => 1_000,
+        Some(n) if (1..=MAX_DELAYED).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(err(
+                format!("{at}.max_delayed"),
+                format!("must be between 1 and {MAX_DELAYED}, got {n}"),
+            ))
+        }
+    };
+    Ok(Some(Shaping {
+        max_delay_ns,
+        max_delayed,
+    }))
 }
 
 fn validate_bucket(at: &str, raw: &RawBucket) -> Result<BucketSpec, ConfigError> {
@@ -157,7 +336,9 @@ fn validate_max_keys(at: &str, raw: Option<i64>) -> Result<u32, ConfigError> {
     }
 }
 
-fn validate_cost(at: &str, raw: Option<RawCost>, burst: u64) -> Result<CostSpec, ConfigError> {
+/// `quota`: the burst of a bucket, or the limit of a window; no request
+/// may cost more.
+fn validate_cost(at: &str, raw: Option<RawCost>, quota: u64) -> Result<CostSpec, ConfigError> {
     let Some(raw) = raw else {
         return Ok(CostSpec {
             default: 1,
@@ -171,12 +352,14 @@ fn validate_cost(at: &str, raw: Option<RawCost>, burst: u64) -> Result<CostSpec,
     };
     let max = match raw.max {
         Some(m) => positive(format!("{at}.cost.max"), m)?,
-        None => burst,
+        None => quota,
     };
-    if max > burst {
+    if max > quota {
         return Err(err(
             format!("{at}.cost.max"),
-            format!("{max} is larger than the burst ({burst}): such a request could never pass"),
+            format!(
+                "{max} is larger than the burst or window limit ({quota}): such a request could never pass"
+            ),
         ));
     }
     if default > max {

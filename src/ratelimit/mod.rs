@@ -23,19 +23,23 @@
 //! Never admitting too much rests on step 3: a rule's charge lands only by a
 //! CAS on the slot its decision was based on, which linearises the decision.
 
+pub mod algorithm;
 pub mod bucket;
 pub mod codec;
 pub mod config;
 pub mod reply;
+pub mod shaping;
 pub mod stage;
 #[cfg(test)]
 mod tests;
+pub mod window;
 
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Config, ConfigError};
 use crate::keys::{place, MissingKey, Placement};
 use crate::request::RequestView;
 use crate::store::{Store, StoreError};
+use algorithm::Algorithm;
 use bucket::Outcome;
 use codec::Slot;
 use config::RuleSpec;
@@ -51,6 +55,8 @@ pub enum RuleResult {
     ShadowLimited,
     /// The store failed past the retry bound; the failure policy applied.
     StoreFailure,
+    /// Admitted with its turn reserved: held `delay_ns` first (shaping).
+    Delayed,
 }
 
 /// The per-rule details of one evaluation, for headers and metrics.
@@ -62,6 +68,8 @@ pub struct RuleReport {
     pub remaining: u64,
     pub full_in_ns: u64,
     pub wait_ns: u64,
+    /// Shaping: how long the request must be held for its turn.
+    pub delay_ns: u64,
     pub cas_retries: u32,
     pub corrupt: bool,
     pub collision: bool,
@@ -83,6 +91,30 @@ pub enum Verdict {
 pub struct Evaluation {
     pub verdict: Verdict,
     pub reports: Vec<RuleReport>,
+    /// Admitted, but to be held this long first (the latest turn any
+    /// shaping rule reserved); 0 for most requests.
+    pub delay_ns: u64,
+    /// For a held request: its charges, to give back if it leaves before
+    /// its turn (see `Limiter::give_back`).
+    pub reservations: Vec<Reservation>,
+}
+
+/// A charge a held request made: the slot, its state before and after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    key: String,
+    before: Slot,
+    after: Slot,
+}
+
+/// What is asked of one rule for one request.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    rule: usize,
+    placement: Placement,
+    cost: u64,
+    /// How long the request may wait for its turn (0: refuse instead).
+    slack_ns: u64,
 }
 
 /// A rule prepared for evaluation: its spec and the shared-data key prefix
@@ -114,9 +146,7 @@ struct Read {
 }
 
 struct Pending {
-    rule: usize,
-    placement: Placement,
-    cost: u64,
+    ask: Ask,
     reads: Vec<Read>,
     decision: usize,
     outcome: Outcome,
@@ -137,12 +167,12 @@ enum Commit {
 /// Short on purpose: slot keys such as `sl1f2e3d4c/12345` fit Envoy's
 /// short-string buffer, which halves the memory of a slot.
 fn table_id(domain: &str, spec: &RuleSpec) -> u32 {
-    let b = &spec.bucket;
-    let mut id = StateId::new((0x736c_7569_6365, 0x7275_6c65), domain)
-        .text(&spec.name)
-        .num(b.rate)
-        .num(b.period_ns)
-        .num(b.burst);
+    let mut id = StateId::new((0x736c_7569_6365, 0x7275_6c65), domain).text(&spec.name);
+    id = match spec.algorithm {
+        // As before windows existed: a bucket keeps its table on upgrade.
+        Algorithm::Bucket(b) => id.num(b.rate).num(b.period_ns).num(b.burst),
+        Algorithm::Window(w) => id.text("sliding_window").num(w.limit).num(w.window_ns),
+    };
     for part in &spec.key {
         id = id.text(part.encode());
     }
@@ -281,6 +311,20 @@ impl Limiter {
 
     /// Evaluates the request against every rule and commits its charges.
     pub fn evaluate(&self, store: &dyn Store, now_ns: u64, req: &dyn RequestView) -> Evaluation {
+        self.evaluate_shaped(store, now_ns, req, &|_| 0)
+    }
+
+    /// As `evaluate`; a shaping rule (`on_limit: delay`) may hold the
+    /// request up to the smaller of its `max_delay` and `cap(rule)` (what
+    /// is left of the request's deadline, or 0 when this worker holds as
+    /// many requests as the rule allows).
+    pub fn evaluate_shaped(
+        &self,
+        store: &dyn Store,
+        now_ns: u64,
+        req: &dyn RequestView,
+        cap: &dyn Fn(usize) -> u64,
+    ) -> Evaluation {
         let mut pending = Vec::new();
         let mut reports = Vec::new();
         for (i, rule) in self.rules.iter().enumerate() {
@@ -298,7 +342,17 @@ impl Limiter {
                 continue;
             };
             let cost = Self::cost(spec, req);
-            match self.read(store, i, placement, cost, now_ns, false) {
+            let slack_ns = match spec.shaping {
+                Some(sh) if !spec.shadow => sh.max_delay_ns.min(cap(i)),
+                _ => 0,
+            };
+            let ask = Ask {
+                rule: i,
+                placement,
+                cost,
+                slack_ns,
+            };
+            match self.read(store, ask, now_ns, false) {
                 Some(p) => pending.push(p),
                 None => reports.push(self.failure_report(i, cost, 0)),
             }
@@ -314,45 +368,43 @@ impl Limiter {
             remaining: 0,
             full_in_ns: 0,
             wait_ns: 0,
+            delay_ns: 0,
             cas_retries,
             corrupt: false,
             collision: false,
         }
     }
 
-    fn read(
-        &self,
-        store: &dyn Store,
-        rule: usize,
-        placement: Placement,
-        cost: u64,
-        now_ns: u64,
-        fresh: bool,
-    ) -> Option<Pending> {
+    fn read(&self, store: &dyn Store, ask: Ask, now_ns: u64, fresh: bool) -> Option<Pending> {
+        let Ask {
+            rule,
+            placement,
+            cost,
+            slack_ns,
+        } = ask;
         let spec = &self.rules.get(rule)?.spec;
         let mut reads = Vec::with_capacity(placement.count);
         for &slot in placement.slots() {
             reads.push(self.read_slot(store, rule, slot, now_ns, fresh)?);
         }
+        let algorithm = &spec.algorithm;
         let decision = reads
             .iter()
             .enumerate()
-            .min_by_key(|(_, r)| r.slot.tat)
+            .min_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
             .map_or(0, |(i, _)| i);
         let state = reads.get(decision)?.slot;
-        let outcome = spec.bucket.decide(state.tat, now_ns, cost);
+        let outcome = algorithm.decide(state.tat, now_ns, cost, slack_ns);
         if !outcome.allowed() && reads.iter().any(|r| r.remembered) {
             // No write will check a remembered value behind a refusal.
-            return self.read(store, rule, placement, cost, now_ns, true);
+            return self.read(store, ask, now_ns, true);
         }
-        let now = spec.bucket.scaled_now(now_ns);
-        let collision =
-            state.fingerprint != 0 && state.fingerprint != placement.tag() && state.tat > now;
+        let collision = state.fingerprint != 0
+            && state.fingerprint != placement.tag()
+            && algorithm.busy(state.tat, now_ns);
         let report = Self::report(rule, spec.shadow, cost, &outcome, &reads, collision);
         Some(Pending {
-            rule,
-            placement,
-            cost,
+            ask,
             reads,
             decision,
             outcome,
@@ -393,7 +445,7 @@ impl Limiter {
         let slot = decoded.unwrap_or(Slot {
             fingerprint: 0,
             tat: if self.failure_mode_deny {
-                spec.bucket.empty_tat(now_ns)
+                spec.algorithm.exhausted(now_ns)
             } else {
                 0
             },
@@ -417,6 +469,7 @@ impl Limiter {
         collision: bool,
     ) -> RuleReport {
         let (result, wait_ns) = match *outcome {
+            Outcome::Allow { delay_ns, .. } if delay_ns > 0 => (RuleResult::Delayed, 0),
             Outcome::Allow { .. } => (RuleResult::Allowed, 0),
             Outcome::Deny { wait_ns, .. } if shadow => (RuleResult::ShadowLimited, wait_ns),
             Outcome::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
@@ -428,6 +481,10 @@ impl Limiter {
             remaining: outcome.remaining(),
             full_in_ns: outcome.full_in_ns(),
             wait_ns,
+            delay_ns: match *outcome {
+                Outcome::Allow { delay_ns, .. } => delay_ns,
+                Outcome::Deny { .. } => 0,
+            },
             cas_retries: 0,
             corrupt: reads.iter().any(|r| r.corrupt),
             collision,
@@ -486,25 +543,60 @@ impl Limiter {
                 Commit::Conflict | Commit::Failed => None,
             };
             let retries = retry.unwrap_or(p.report.cas_retries);
-            let fresh =
-                retry.and_then(|_| self.read(store, p.rule, p.placement, p.cost, now_ns, true));
+            let fresh = retry.and_then(|_| self.read(store, p.ask, now_ns, true));
             match fresh {
                 Some(mut fresh) => {
                     fresh.report.cas_retries = retries;
                     *p = fresh;
                 }
                 None => {
-                    let r = self.failure_report(p.rule, p.cost, retries);
+                    let r = self.failure_report(p.ask.rule, p.ask.cost, retries);
                     reports.push(r);
                     pending.remove(i);
                 }
             }
         }
+        Self::admitted(&pending, reports)
+    }
+
+    /// The evaluation of a request every enforcing rule admitted; held for
+    /// the latest turn a shaping rule reserved, if any.
+    fn admitted(pending: &[Pending], mut reports: Vec<RuleReport>) -> Evaluation {
+        let delay_ns = pending.iter().map(|p| p.report.delay_ns).max().unwrap_or(0);
+        let reservations = if delay_ns > 0 {
+            pending.iter().filter_map(Self::reservation).collect()
+        } else {
+            Vec::new()
+        };
         reports.extend(pending.iter().map(|p| p.report));
         reports.sort_by_key(|r| r.rule);
         Evaluation {
             verdict: Verdict::Allow,
             reports,
+            delay_ns,
+            reservations,
+        }
+    }
+
+    /// A committed charge that may be given back (single-slot rules only,
+    /// as for refunds).
+    fn reservation(p: &Pending) -> Option<Reservation> {
+        let (before, after) = p.committed?;
+        let read = p.reads.get(p.decision)?;
+        (p.ask.placement.count == 1).then(|| Reservation {
+            key: read.key.clone(),
+            before,
+            after,
+        })
+    }
+
+    /// A held request left before its turn: each charge it made is undone
+    /// where nothing was charged after it; a turn someone reserved later
+    /// stays where it is (two requests never share a turn), so the freed
+    /// turn goes unused rather than anyone going early.
+    pub fn give_back(&self, store: &dyn Store, reservations: &[Reservation]) {
+        for r in reservations {
+            Self::restore(store, &r.key, r.before, r.after);
         }
     }
 
@@ -515,7 +607,7 @@ impl Limiter {
             .filter(|p| p.report.result == RuleResult::Limited)
             .max_by_key(|p| p.report.wait_ns)
             .map(|p| Verdict::Deny {
-                rule: p.rule,
+                rule: p.ask.rule,
                 wait_ns: p.report.wait_ns,
             })
     }
@@ -534,7 +626,12 @@ impl Limiter {
         }
         reports.extend(pending.iter().map(|p| p.report));
         reports.sort_by_key(|r| r.rule);
-        Evaluation { verdict, reports }
+        Evaluation {
+            verdict,
+            reports,
+            delay_ns: 0,
+            reservations: Vec::new(),
+        }
     }
 
     /// Undoes a committed charge of a request that ends up refused, where
@@ -545,12 +642,17 @@ impl Limiter {
     /// update), and lowering it would let that key escape its limit. An
     /// unrefunded charge can only refuse more, never admit more.
     fn refund(&self, store: &dyn Store, p: &Pending, before: Slot, after: Slot) {
-        if p.placement.count != 1 {
+        if p.ask.placement.count != 1 {
             return;
         }
         let Some(Read { key, .. }) = p.reads.get(p.decision) else {
             return;
         };
+        Self::restore(store, key, before, after);
+    }
+
+    /// Puts `before` back into a slot still holding `after`.
+    fn restore(store: &dyn Store, key: &str, before: Slot, after: Slot) {
         let Ok(Some(entry)) = store.get(key) else {
             return;
         };
@@ -563,12 +665,21 @@ impl Limiter {
         let Outcome::Allow { new_tat, .. } = p.outcome else {
             return Commit::Done;
         };
-        let fingerprint = p.placement.tag();
+        let fingerprint = p.ask.placement.tag();
+        let Some(rule) = self.rules.get(p.ask.rule) else {
+            return Commit::Failed;
+        };
+        let algorithm = &rule.spec.algorithm;
         for (j, read) in p.reads.iter().enumerate() {
-            if j == p.decision || (read.slot.tat >= new_tat && !read.corrupt) {
+            let covered = algorithm.merge(read.slot.tat, new_tat) == read.slot.tat;
+            if j == p.decision || (covered && !read.corrupt) {
                 continue;
             }
-            if !self.raise(store, read, fingerprint, new_tat, &mut p.report.cas_retries) {
+            let new = Slot {
+                fingerprint,
+                tat: new_tat,
+            };
+            if !self.raise(store, read, new, algorithm, &mut p.report.cas_retries) {
                 return Commit::Failed;
             }
         }
@@ -597,15 +708,22 @@ impl Limiter {
         &self,
         store: &dyn Store,
         read: &Read,
-        fingerprint: u32,
-        tat: u128,
+        new: Slot,
+        algorithm: &Algorithm,
         retries: &mut u32,
     ) -> bool {
         let key = read.key.as_str();
         let mut cas = read.cas;
         let mut remembered = read.remembered;
+        // The merge of what is there and the new state (for a bucket, the
+        // later TAT); a corrupt slot is simply overwritten.
+        let merged = |old: Option<Slot>| Slot {
+            fingerprint: new.fingerprint,
+            tat: old.map_or(new.tat, |o| algorithm.merge(o.tat, new.tat)),
+        };
+        let mut target = merged((!read.corrupt).then_some(read.slot));
         loop {
-            match store.set(key, &Slot { fingerprint, tat }.encode(), cas) {
+            match store.set(key, &target.encode(), cas) {
                 Ok(()) => return true,
                 Err(StoreError::Unavailable) => return false,
                 Err(StoreError::CasMismatch) => {}
@@ -618,10 +736,16 @@ impl Limiter {
             }
             match store.get(key) {
                 Ok(Some(e)) => match Slot::decode(&e.bytes) {
-                    Ok(s) if s.tat >= tat => return true,
-                    _ => cas = e.cas,
+                    Ok(s) if algorithm.merge(s.tat, new.tat) == s.tat => return true,
+                    s => {
+                        target = merged(s.ok());
+                        cas = e.cas;
+                    }
                 },
-                Ok(None) => cas = None,
+                Ok(None) => {
+                    target = merged(None);
+                    cas = None;
+                }
                 Err(_) => return false,
             }
         }

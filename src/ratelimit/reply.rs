@@ -2,7 +2,7 @@
 //! (status, `Retry-After`, JSON body, or a gRPC RESOURCE_EXHAUSTED) and the
 //! rate-limit headers (see [`crate::reply`] for `Retry-After`).
 
-use super::config::BucketSpec;
+use super::algorithm::Algorithm;
 use super::{Evaluation, RuleReport, RuleResult, Verdict};
 use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
@@ -35,15 +35,14 @@ pub struct PolicyInfo {
 }
 
 impl PolicyInfo {
-    /// The policy of a bucket.
-    pub fn of(name: &str, b: &BucketSpec) -> Self {
-        let refill_ns = (b.burst as u128 * b.period_ns as u128).div_ceil(b.rate as u128);
-        let window_s = u64::try_from(refill_ns.div_ceil(NS_PER_S as u128))
+    /// The policy of a rule's algorithm.
+    pub fn of(name: &str, a: &Algorithm) -> Self {
+        let window_s = u64::try_from(a.window_ns().div_ceil(NS_PER_S as u128))
             .unwrap_or(u64::MAX)
             .max(1);
         PolicyInfo {
             name: name.into(),
-            quota: b.burst,
+            quota: a.quota(),
             window_s,
         }
     }
@@ -169,6 +168,7 @@ mod tests {
             remaining,
             full_in_ns,
             wait_ns,
+            delay_ns: 0,
             cas_retries: 0,
             corrupt: false,
             collision: false,
@@ -188,11 +188,11 @@ mod tests {
     fn policies() -> Vec<PolicyInfo> {
         vec![PolicyInfo::of(
             "r",
-            &BucketSpec {
+            &Algorithm::Bucket(crate::ratelimit::config::BucketSpec {
                 rate: 10,
                 period_ns: 60 * S,
                 burst: 20,
-            },
+            }),
         )]
     }
 
@@ -204,6 +204,8 @@ mod tests {
                 wait_ns: 2_500_000_000,
             },
             reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)],
+            delay_ns: 0,
+            reservations: Vec::new(),
         };
         let Action::Reject(r) = action(
             &eval,
@@ -233,6 +235,8 @@ mod tests {
         let eval = Evaluation {
             verdict: Verdict::Allow,
             reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
+            delay_ns: 0,
+            reservations: Vec::new(),
         };
         let off = action(
             &eval,

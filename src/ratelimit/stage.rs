@@ -1,10 +1,15 @@
 //! Rate limiting in the pipeline: evaluates the matching rules on each
-//! request, counts the results, and turns a refusal into its reply.
+//! request, counts the results, turns a refusal into its reply, and holds
+//! a request a shaping rule delayed until its turn.
 
+use super::config::RuleSpec;
 use super::reply::{action, Action, PolicyInfo};
+use super::shaping::{Held, HeldList};
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Config, ConfigError, ResponseSpec};
-use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
+use crate::deadline::config::DeadlineSpec;
+use crate::duration::NS_PER_MS;
+use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
 use log::info;
@@ -20,6 +25,9 @@ struct RuleMetrics {
     corrupt: MetricId,
     collisions: MetricId,
     table_entries: MetricId,
+    /// Shaping rules only: delayed requests, the delay histogram (ms), and
+    /// the requests held now.
+    delayed: Option<(MetricId, MetricId, MetricId)>,
 }
 
 /// The rate-limit stage of one configuration.
@@ -28,6 +36,12 @@ pub struct RateLimits {
     policies: Vec<PolicyInfo>,
     response: ResponseSpec,
     metrics: Vec<RuleMetrics>,
+    /// Whether any rule shapes (then requests may be held here).
+    shaping: bool,
+    held: HeldList,
+    /// Held requests never wait past their deadline, and go upstream with
+    /// it reduced by the wait.
+    deadlines: Option<DeadlineSpec>,
 }
 
 /// The stage, if the configuration has rules.
@@ -43,41 +57,53 @@ pub fn build(
     let metrics = config
         .rules
         .iter()
-        .map(|r| {
-            let labels = [
-                ("domain", config.domain.as_str()),
-                ("rule", r.name.as_str()),
-            ];
-            let [allowed, limited, shadow_limited, store_failures] = reg.variants(
-                "sluice_rl_requests_total",
-                &labels,
-                "result",
-                ["allowed", "limited", "shadow_limited", "store_failure"],
-            );
-            let mut m = |kind, name| reg.labelled(kind, name, &labels);
-            RuleMetrics {
-                allowed,
-                limited,
-                shadow_limited,
-                store_failures,
-                table_entries: m(Kind::Gauge, "sluice_rl_table_entries"),
-                cas_retries: m(Kind::Counter, "sluice_rl_cas_retries_total"),
-                corrupt: m(Kind::Counter, "sluice_rl_corrupt_state_total"),
-                collisions: m(Kind::Counter, "sluice_rl_collisions_total"),
-            }
-        })
+        .map(|r| rule_metrics(reg, &config.domain, r))
         .collect();
     let policies = config
         .rules
         .iter()
-        .map(|r| PolicyInfo::of(&r.name, &r.bucket))
+        .map(|r| PolicyInfo::of(&r.name, &r.algorithm))
         .collect();
+    let shaping = config.rules.iter().any(|r| r.shaping.is_some());
     Ok(Some(Box::new(RateLimits {
         limiter,
         policies,
         response: config.response.clone(),
         metrics,
+        shaping,
+        held: HeldList::new(config.rules.len()),
+        deadlines: config.deadlines.clone(),
     })))
+}
+
+/// The metrics of one rule (labels `domain`, `rule`).
+fn rule_metrics(reg: &mut Registry, domain: &str, r: &RuleSpec) -> RuleMetrics {
+    let labels = [("domain", domain), ("rule", r.name.as_str())];
+    let [allowed, limited, shadow_limited, store_failures] = reg.variants(
+        "sluice_rl_requests_total",
+        &labels,
+        "result",
+        ["allowed", "limited", "shadow_limited", "store_failure"],
+    );
+    let mut m = |kind, name| reg.labelled(kind, name, &labels);
+    RuleMetrics {
+        allowed,
+        limited,
+        shadow_limited,
+        store_failures,
+        table_entries: m(Kind::Gauge, "sluice_rl_table_entries"),
+        cas_retries: m(Kind::Counter, "sluice_rl_cas_retries_total"),
+        corrupt: m(Kind::Counter, "sluice_rl_corrupt_state_total"),
+        collisions: m(Kind::Counter, "sluice_rl_collisions_total"),
+        delayed: r.shaping.map(|_| {
+            let delayed = [labels[0], labels[1], ("result", "delayed")];
+            (
+                reg.labelled(Kind::Counter, "sluice_rl_requests_total", &delayed),
+                reg.labelled(Kind::Histogram, "sluice_rl_delay_ms", &labels),
+                reg.labelled(Kind::Gauge, "sluice_rl_held", &labels),
+            )
+        }),
+    }
 }
 
 impl RateLimits {
@@ -92,6 +118,10 @@ impl RateLimits {
                 RuleResult::Limited => m.limited,
                 RuleResult::ShadowLimited => m.shadow_limited,
                 RuleResult::StoreFailure => m.store_failures,
+                RuleResult::Delayed => match m.delayed {
+                    Some((delayed, ..)) => delayed,
+                    None => m.allowed,
+                },
             };
             cx.add(id, 1);
             if r.cas_retries > 0 {
@@ -127,13 +157,142 @@ impl Stage for RateLimits {
     fn request(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        _stream: StreamId,
+        stream: StreamId,
         req: &dyn RequestView,
     ) -> Decision {
         let now = cx.now_ns();
+        if self.shaping {
+            return self.shape(cx, stream, req, now);
+        }
         let eval = self.limiter.evaluate(cx.store(), now, req);
         self.record(cx, &eval);
-        match action(&eval, &self.response, &self.policies, cx.rng) {
+        self.answer(cx, &eval)
+    }
+
+    fn response(
+        &mut self,
+        _cx: &mut Cx<'_, '_>,
+        _stream: StreamId,
+        _resp: &dyn crate::request::ResponseView,
+    ) -> bool {
+        // Held streams are resumed before any response: nothing is held.
+        false
+    }
+
+    fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
+        // A client gone before its turn gives its turn back.
+        if let Some(h) = self.held.take(stream) {
+            self.limiter.give_back(cx.store(), &h.reservations);
+            self.count_held(cx, &h, -1);
+            cx.tick_changed = true;
+        }
+    }
+
+    fn tick(&mut self, cx: &mut Cx<'_, '_>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = cx.now_ns();
+        for h in self.held.due(now) {
+            self.count_held(cx, &h, -1);
+            let waited_ms = now.saturating_sub(h.since_ns) / NS_PER_MS;
+            for &r in &h.rules {
+                if let Some((_, histogram, _)) = self.m(r).delayed {
+                    cx.record(histogram, waited_ms);
+                }
+            }
+            let propagate = self.deadlines.as_ref().is_some_and(|d| d.propagate);
+            let set_headers = match h.deadline {
+                Some(d) if propagate && waited_ms > 0 => {
+                    vec![(d.header.clone(), d.reduced(waited_ms))]
+                }
+                _ => Vec::new(),
+            };
+            cx.effects.push(Effect::Resume {
+                stream: h.stream,
+                set_headers,
+            });
+        }
+        cx.tick_changed = true;
+    }
+
+    fn wants_fast_tick(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
+impl RateLimits {
+    fn m(&self, rule: usize) -> RuleMetrics {
+        self.metrics.get(rule).copied().unwrap_or_default()
+    }
+
+    /// Adds `by` to the held gauge of each rule holding `h`.
+    fn count_held(&self, cx: &mut Cx<'_, '_>, h: &Held, by: i64) {
+        for &r in &h.rules {
+            if let Some((_, _, gauge)) = self.m(r).delayed {
+                cx.add(gauge, by);
+            }
+        }
+    }
+
+    /// A request where some rule shapes: it may be held for its turn, up
+    /// to the rule's `max_delay`, what is left of its deadline, and while
+    /// this worker holds fewer than the rule's `max_delayed`.
+    fn shape(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        stream: StreamId,
+        req: &dyn RequestView,
+        now: u64,
+    ) -> Decision {
+        let deadline = self
+            .deadlines
+            .as_ref()
+            .and_then(|d| crate::deadline::read(d, req));
+        let left_ns = deadline
+            .as_ref()
+            .map_or(u64::MAX, |d| d.remaining_ms.saturating_mul(NS_PER_MS));
+        let (held, limiter) = (&self.held, &self.limiter);
+        let cap = |rule: usize| {
+            let full = limiter
+                .rules
+                .get(rule)
+                .and_then(|r| r.spec.shaping)
+                .is_none_or(|sh| held.count(rule) >= sh.max_delayed);
+            if full {
+                0
+            } else {
+                left_ns
+            }
+        };
+        let eval = limiter.evaluate_shaped(cx.store(), now, req, &cap);
+        self.record(cx, &eval);
+        if eval.delay_ns == 0 || !matches!(eval.verdict, super::Verdict::Allow) {
+            return self.answer(cx, &eval);
+        }
+        let rules = eval
+            .reports
+            .iter()
+            .filter(|r| r.result == RuleResult::Delayed)
+            .map(|r| r.rule)
+            .collect();
+        let h = Held {
+            stream,
+            since_ns: now,
+            due_ns: now.saturating_add(eval.delay_ns),
+            rules,
+            reservations: eval.reservations,
+            deadline,
+        };
+        self.count_held(cx, &h, 1);
+        self.held.hold(h);
+        cx.tick_changed = true;
+        Decision::of(Step::Pause, true)
+    }
+
+    /// The decision on an evaluated request that is not held.
+    fn answer(&self, cx: &mut Cx<'_, '_>, eval: &Evaluation) -> Decision {
+        match action(eval, &self.response, &self.policies, cx.rng) {
             Action::Continue { response_headers } => Decision {
                 step: Step::Continue,
                 held: false,

@@ -190,7 +190,7 @@ fn a_conflict_that_turns_a_later_rule_into_a_refusal_refunds_an_untouched_earlie
         )
         .expect("placed");
         for &slot in p.slots() {
-            let drained = l.rules[1].spec.bucket.empty_tat(NOW);
+            let drained = l.rules[1].spec.algorithm.exhausted(NOW);
             s.raw_set(
                 &l.slot_key(1, slot),
                 &Slot {
@@ -234,20 +234,28 @@ fn shadow_rules_report_but_never_refuse_and_are_not_charged_when_over() {
 fn property_exact_under_simulated_concurrent_workers() {
     // Frozen time, burst B, many requests from "workers" whose writes
     // interleave at random: exactly B are admitted, never B + 1.
-    exact_under_interleaving(false);
+    exact_under_interleaving(false, false);
     // The same with every worker skipping reads where its memory allows
     // (long stretches run on one worker): reads were skipped.
-    assert!(exact_under_interleaving(true) > 100);
+    assert!(exact_under_interleaving(true, false) > 100);
+    // Sliding windows, on the same transaction.
+    exact_under_interleaving(false, true);
+    assert!(exact_under_interleaving(true, true) > 100);
 }
 
 /// Returns the reads our worker skipped.
-fn exact_under_interleaving(remembering: bool) -> u64 {
+fn exact_under_interleaving(remembering: bool, window: bool) -> u64 {
     use crate::store::Remembering;
     let mut skipped = 0;
     for seed in 0..40u64 {
         let burst = 1 + seed * 7 % 60;
+        let algorithm = if window {
+            format!(r#""algorithm":"sliding_window","window":{{"limit":{burst},"period":"1h"}}"#)
+        } else {
+            format!(r#""bucket":{{"rate":1,"period":"1h","burst":{burst}}}"#)
+        };
         let json = format!(
-            r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],"bucket":{{"rate":1,"period":"1h","burst":{burst}}}}},
+            r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],{algorithm}}},
                 {{"name":"g","bucket":{{"rate":1,"period":"1h","burst":100000}}}}]}}"#
         );
         let (l, store) = ready(&json);
@@ -469,4 +477,156 @@ fn a_refusal_is_never_decided_on_a_remembered_value() {
         .encode(),
     );
     assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+}
+
+#[test]
+fn property_a_hot_key_in_a_sliding_window_stays_within_its_bound_among_cold_keys() {
+    // 50 slots, two per key: the hot key shares slots with cold keys, whose
+    // charges only ever make it stricter (merged states only grow).
+    let (l, store) = ready(
+        r#"{"rate_limits":[{"name":"r","key":[{"header":"x-key"}],"algorithm":"sliding_window",
+        "window":{"limit":20,"period":"1s"},"max_keys":50}]}"#,
+    );
+    let mut rng = SplitMix(4);
+    let mut now = NOW;
+    let mut log: Vec<u64> = Vec::new();
+    let mut refused = 0;
+    for i in 0..20_000u64 {
+        now += rng.below(2 * S / 1000);
+        let key = if i % 10 == 0 {
+            "hot".to_string()
+        } else {
+            format!("cold{i}")
+        };
+        let allowed = l.evaluate(&store, now, &req(&key)).verdict == Verdict::Allow;
+        if key != "hot" {
+            continue;
+        }
+        if !allowed {
+            refused += 1;
+            continue;
+        }
+        log.push(now);
+        // The documented bound: limit + previous window's count * e / W.
+        let start = now / S * S;
+        let truth = log.iter().filter(|&&t| t + S > now).count() as u128;
+        let previous = log.iter().filter(|&&t| t < start && t + S >= start).count() as u128;
+        let e = u128::from(now - start);
+        assert!(
+            truth * u128::from(S) <= 20 * u128::from(S) + previous * e,
+            "hot key escaped: {truth} in one window"
+        );
+    }
+    assert!(refused > 0 && !log.is_empty());
+}
+
+const SHAPED: &str = r#"{"rate_limits":[{"name":"pace","bucket":{"rate":10,"period":"1s","burst":1},
+    "on_limit":"delay","max_delay":"1s"}]}"#;
+
+fn shaped(l: &Limiter, store: &MemoryStore, now: u64, cap: u64) -> super::Evaluation {
+    l.evaluate_shaped(store, now, &req("a"), &|_| cap)
+}
+
+#[test]
+fn shaping_reserves_distinct_turns_one_interval_apart_up_to_max_delay() {
+    let (l, store) = ready(SHAPED);
+    let delays: Vec<u64> = (0..11)
+        .map(|_| {
+            let e = shaped(&l, &store, NOW, u64::MAX);
+            assert_eq!(e.verdict, Verdict::Allow);
+            e.delay_ns
+        })
+        .collect();
+    let expected: Vec<u64> = (0..11).map(|i| i * S / 10).collect();
+    assert_eq!(delays, expected);
+    // The next turn is 1.1 s away, beyond max_delay: refused, and told to
+    // come back when it would go at once (never early).
+    let e = shaped(&l, &store, NOW, u64::MAX);
+    assert_eq!(
+        e.verdict,
+        Verdict::Deny {
+            rule: 0,
+            wait_ns: 11 * S / 10
+        }
+    );
+    // 100 ms later a turn is within reach again, 1 s away.
+    let e = shaped(&l, &store, NOW + S / 10, u64::MAX);
+    assert_eq!((e.verdict, e.delay_ns), (Verdict::Allow, S));
+    assert_eq!(e.reports[0].result, RuleResult::Delayed);
+    assert_eq!(e.reservations.len(), 1);
+}
+
+#[test]
+fn shaping_within_a_cap_and_never_for_plain_evaluation() {
+    let (l, store) = ready(SHAPED);
+    assert_eq!(shaped(&l, &store, NOW, 0).delay_ns, 0);
+    // No room to wait (a full worker, or no deadline left): refused.
+    let e = shaped(&l, &store, NOW, 0);
+    assert!(matches!(e.verdict, Verdict::Deny { .. }));
+    // A cap of 250 ms allows two more turns (100 and 200 ms), not three.
+    assert_eq!(shaped(&l, &store, NOW, S / 4).delay_ns, S / 10);
+    assert_eq!(shaped(&l, &store, NOW, S / 4).delay_ns, 2 * S / 10);
+    assert!(matches!(
+        shaped(&l, &store, NOW, S / 4).verdict,
+        Verdict::Deny { .. }
+    ));
+    assert!(matches!(
+        l.evaluate(&store, NOW, &req("a")).verdict,
+        Verdict::Deny { .. }
+    ));
+}
+
+#[test]
+fn a_held_request_that_leaves_gives_back_only_the_last_turn() {
+    let (l, store) = ready(SHAPED);
+    let first = shaped(&l, &store, NOW, u64::MAX);
+    assert_eq!(first.delay_ns, 0);
+    let a = shaped(&l, &store, NOW, u64::MAX);
+    let b = shaped(&l, &store, NOW, u64::MAX);
+    assert_eq!((a.delay_ns, b.delay_ns), (S / 10, 2 * S / 10));
+    // `a` leaves: a later turn (b's) was reserved since, so a's stays
+    // taken (nobody goes early); the next request gets turn 3.
+    l.give_back(&store, &a.reservations);
+    let c = shaped(&l, &store, NOW, u64::MAX);
+    assert_eq!(c.delay_ns, 3 * S / 10);
+    // `c` leaves as the last reservation: its turn is free again.
+    l.give_back(&store, &c.reservations);
+    let d = shaped(&l, &store, NOW, u64::MAX);
+    assert_eq!(d.delay_ns, 3 * S / 10);
+    assert_eq!(shaped(&l, &store, NOW, u64::MAX).delay_ns, 4 * S / 10);
+}
+
+#[test]
+fn property_shaped_turns_are_distinct_under_simulated_concurrent_workers() {
+    for seed in 0..30u64 {
+        let (l, store) = ready(SHAPED);
+        let host = Rc::new(store);
+        let theirs: Box<dyn Store> = Box::new(Rc::downgrade(&host));
+        let turns = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let rng = Rc::new(std::cell::RefCell::new(SplitMix(seed)));
+        let (l2, t2, r2) = (l.clone(), turns.clone(), rng.clone());
+        let depth = Rc::new(Cell::new(0));
+        let d2 = depth.clone();
+        *host.before_set.borrow_mut() = Some(Box::new(move |_: &MemoryStore, _key: &str| {
+            if d2.get() < 3 && r2.borrow_mut().below(3) == 0 {
+                d2.set(d2.get() + 1);
+                let e = l2.evaluate_shaped(&*theirs, NOW, &req("a"), &|_| u64::MAX);
+                if e.verdict == Verdict::Allow {
+                    t2.borrow_mut().push(e.delay_ns);
+                }
+                d2.set(d2.get() - 1);
+            }
+        }));
+        for _ in 0..30 {
+            let e = l.evaluate_shaped(&*host, NOW, &req("a"), &|_| u64::MAX);
+            if e.verdict == Verdict::Allow {
+                turns.borrow_mut().push(e.delay_ns);
+            }
+        }
+        let mut t = turns.borrow().clone();
+        t.sort_unstable();
+        // Exactly the 11 turns within max_delay, each taken once.
+        let expected: Vec<u64> = (0..11).map(|i| i * S / 10).collect();
+        assert_eq!(t, expected, "seed {seed}");
+    }
 }
