@@ -26,6 +26,15 @@ BAD = [
     ('{"response":[429]}', "invalid configuration: response: invalid type: sequence, expected a JSON object"),
     ('{"rate_limits":[{"name":"a","bucket":[3,"2s",4]}]}', "rate_limits[0].bucket: invalid type: sequence, expected a JSON object"),
     ('{"rate_limits":[["a",null,[],"skip",{"rate":1,"period":"1s"}]]}', "rate_limits[0]: invalid type: sequence, expected a JSON object"),
+    # Sliding windows and shaping.
+    ('{"rate_limits":[{"name":"a","algorithm":"sliding_window"}]}', "rate_limits[0].window: missing field `window`"),
+    ('{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"100ms"}}]}',
+     "rate_limits[0].window.period: must be at least 1s"),
+    ('{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m"},'
+     '"on_limit":"delay","max_delay":"1s"}]}', "rate_limits[0].on_limit: delay (shaping) needs algorithm token_bucket"),
+    ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay"}]}', "rate_limits[0].max_delay: is required with on_limit: delay"),
+    ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay","max_delay":"1s","max_delayed":-1}]}',
+     "rate_limits[0].max_delayed: must be between 1 and 100000, got -1"),
 ]
 
 
