@@ -13,7 +13,7 @@ PY              := $(VENV)/bin/python
 WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
-.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions bench-memory
+.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions bench-memory bench-overload
 
 all: build
 
@@ -125,6 +125,13 @@ BENCH_ARGS ?=
 bench: build $(ENVOY)
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
+	$(PY) bench/overload.py
+
+# Overload control side by side (bench/overload.py, also run by `make bench`):
+# sluice's adaptive limit vs Envoy's adaptive_concurrency, graded breaking vs
+# admission_control, on an upstream whose capacity and error rate change.
+bench-overload: build $(ENVOY)
+	$(PY) bench/overload.py
 
 # Memory per sidecar (bench/memory.py): the front Envoy's RSS at
 # --concurrency 2 with no filter, a minimal Rust proxy-wasm filter

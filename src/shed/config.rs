@@ -1,5 +1,6 @@
 //! Shedder settings: the JSON under `shedders[i]` and its validated form.
 
+use super::adaptive::AdaptiveSpec;
 use crate::config::fields::{
     check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
     Strict,
@@ -39,9 +40,12 @@ impl Class {
 /// sluice's own admission queue (a bulkhead).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConcurrencySpec {
+    /// The limit; with `adaptive`, its upper bound.
     pub max: u32,
     pub queue: u32,
     pub max_wait_ms: u64,
+    /// `max: "auto"`: the limit is learned from latency.
+    pub adaptive: Option<AdaptiveSpec>,
 }
 
 /// Queue delay estimated from upstream latency over its no-load floor.
@@ -111,9 +115,32 @@ struct RawClassRule {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct RawConcurrency {
-    max: i64,
+    max: RawMax,
     queue: Option<i64>,
     max_wait: Option<String>,
+    #[serde(default)]
+    adaptive: Option<Strict<RawAdaptive>>,
+}
+
+/// `concurrency.max`: a number, or `"auto"`.
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+enum RawMax {
+    Fixed(i64),
+    Auto(String),
+}
+
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct RawAdaptive {
+    min: Option<i64>,
+    max: Option<i64>,
+    initial: Option<i64>,
+    tolerance: Option<f64>,
+    interval: Option<String>,
+    floor_window: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -175,7 +202,37 @@ fn optional_header(field: String, raw: Option<String>) -> Result<Option<String>,
 }
 
 fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigError> {
-    let max = positive(format!("{at}.concurrency.max"), c.max)?;
+    let adaptive = match (&c.max, c.adaptive) {
+        (RawMax::Auto(t), a) if t == "auto" => Some(adaptive(
+            at,
+            a.map(Strict::into_inner).unwrap_or(RawAdaptive {
+                min: None,
+                max: None,
+                initial: None,
+                tolerance: None,
+                interval: None,
+                floor_window: None,
+            }),
+        )?),
+        (RawMax::Auto(t), _) => {
+            return Err(err(
+                format!("{at}.concurrency.max"),
+                format!("must be a positive integer or \"auto\", got \"{t}\""),
+            ))
+        }
+        (RawMax::Fixed(_), Some(_)) => {
+            return Err(err(
+                format!("{at}.concurrency.adaptive"),
+                "only applies with max: \"auto\"",
+            ))
+        }
+        (RawMax::Fixed(_), None) => None,
+    };
+    let max = match (&c.max, &adaptive) {
+        (_, Some(a)) => u64::from(a.max),
+        (RawMax::Fixed(n), None) => positive(format!("{at}.concurrency.max"), *n)?,
+        (RawMax::Auto(_), None) => 0,
+    };
     let queue = c
         .queue
         .unwrap_or((max as i64).saturating_mul(4).min(100_000));
@@ -189,6 +246,57 @@ fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigErr
         max: max.min(u32::MAX as u64) as u32,
         queue: queue as u32,
         max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
+        adaptive,
+    })
+}
+
+/// Largest accepted adaptive bound.
+const MAX_ADAPTIVE: i64 = 100_000;
+
+fn adaptive(at: &str, a: RawAdaptive) -> Result<AdaptiveSpec, ConfigError> {
+    let field = |f: &str| format!("{at}.concurrency.adaptive.{f}");
+    let bound = |f: &str, v: Option<i64>, default: i64| -> Result<u32, ConfigError> {
+        let v = v.unwrap_or(default);
+        if (1..=MAX_ADAPTIVE).contains(&v) {
+            Ok(v as u32)
+        } else {
+            Err(err(
+                field(f),
+                format!("must be between 1 and {MAX_ADAPTIVE}, got {v}"),
+            ))
+        }
+    };
+    let min = bound("min", a.min, 2)?;
+    let max = bound("max", a.max, 1000)?;
+    if max < min {
+        return Err(err(field("max"), format!("must be at least min ({min})")));
+    }
+    let initial = bound("initial", a.initial, i64::from(min.max(10).min(max)))?;
+    if !(min..=max).contains(&initial) {
+        return Err(err(
+            field("initial"),
+            format!("must be between min ({min}) and max ({max})"),
+        ));
+    }
+    let tolerance = a.tolerance.unwrap_or(1.25);
+    if !(1.0..=10.0).contains(&tolerance) {
+        return Err(err(field("tolerance"), "must be between 1.0 and 10.0"));
+    }
+    let interval_ms = millis(field("interval"), a.interval, "100ms")?;
+    let floor_window_ms = millis(field("floor_window"), a.floor_window, "30s")?;
+    if floor_window_ms < 2 * interval_ms {
+        return Err(err(
+            field("floor_window"),
+            "must be at least twice the interval",
+        ));
+    }
+    Ok(AdaptiveSpec {
+        min,
+        max,
+        initial,
+        tolerance_pct: (tolerance * 100.0).round() as u32,
+        interval_ms,
+        floor_window_ms,
     })
 }
 

@@ -13,6 +13,7 @@
 //! admitted request; the queue never exceeds its bound and nobody waits past
 //! `max_wait`; higher classes are admitted first and shed last.
 
+pub mod adaptive;
 pub mod codec;
 pub mod codel;
 pub mod config;
@@ -26,6 +27,7 @@ use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Config, ConfigError};
 use crate::request::RequestView;
 use crate::store::{update, Store, StoreError, Update};
+use adaptive::{Auto, Samples};
 use codec::{decode_shared, encode_shared, Claim, Shared};
 use codel::Codel;
 pub use config::{Class, ShedderSpec};
@@ -83,6 +85,8 @@ fn found_entry(found: Option<&crate::store::Entry>, failures: &mut u64) -> Share
 pub struct Shedder {
     pub spec: ShedderSpec,
     pub inflight_key: String,
+    /// The adaptive limit's shared entry, with `max: "auto"`.
+    pub auto_key: Option<String>,
 }
 
 /// Per-worker state of one shedder.
@@ -100,6 +104,10 @@ struct Local {
     /// Whether the shared counter looked far from the limit, with nobody
     /// waiting, when last seen: only then may released slots be kept.
     calm: bool,
+    /// Adaptive limit: latency samples since the last tick, and the limit
+    /// and floor last read from the shared entry.
+    samples: Samples,
+    auto: Option<Auto>,
 }
 
 /// All shedders of one configuration, in one worker.
@@ -124,11 +132,24 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
     let id = StateId::new((0x7368_6564, 0x646572), domain).text(&spec.name);
     match &spec.concurrency {
         None => id.num(0),
-        Some(c) => id
-            .num(1)
-            .num(u64::from(c.max))
-            .num(u64::from(c.queue))
-            .num(c.max_wait_ms),
+        Some(c) => {
+            let id = id
+                .num(1)
+                .num(u64::from(c.max))
+                .num(u64::from(c.queue))
+                .num(c.max_wait_ms);
+            match &c.adaptive {
+                // As before adaptive limits existed: a fixed limit keeps its entry.
+                None => id,
+                Some(a) => id
+                    .text("auto")
+                    .num(u64::from(a.min))
+                    .num(u64::from(a.initial))
+                    .num(u64::from(a.tolerance_pct))
+                    .num(a.interval_ms)
+                    .num(a.floor_window_ms),
+            }
+        }
     }
     .finish()
 }
@@ -140,7 +161,13 @@ impl Shedders {
         for (i, spec) in config.shedders.iter().enumerate() {
             // `/q2`: the entry with claims. An older sluice (16 bytes,
             // `/inflight`) sharing the VM id while it drains keeps its own.
-            let inflight_key = format!("sh{:08x}/q2", table_id(&config.domain, spec));
+            let id = table_id(&config.domain, spec);
+            let inflight_key = format!("sh{id:08x}/q2");
+            let auto_key = spec
+                .concurrency
+                .as_ref()
+                .and_then(|c| c.adaptive)
+                .map(|_| format!("sh{id:08x}/auto"));
             let earlier = rules
                 .iter()
                 .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
@@ -148,6 +175,7 @@ impl Shedders {
             rules.push(Shedder {
                 spec: spec.clone(),
                 inflight_key,
+                auto_key,
             });
         }
         let local = rules
@@ -165,6 +193,13 @@ impl Shedders {
                 floor_rotated_ms: now_ms,
                 lease: 0,
                 calm: false,
+                samples: Samples::default(),
+                auto: r
+                    .spec
+                    .concurrency
+                    .as_ref()
+                    .and_then(|c| c.adaptive)
+                    .map(|a| Auto::new(&a, now_ms)),
             })
             .collect();
         Ok(Shedders {
@@ -257,10 +292,65 @@ impl Shedders {
             .map_or(0, |l| l.queues.iter().map(VecDeque::len).sum())
     }
 
-    /// Shedder `s`'s concurrency limit, if it has one (queue mode).
-    fn limit(&self, s: usize) -> Option<u64> {
+    /// Shedder `s`'s concurrency limit, if it has one (queue mode): the
+    /// fixed one, or the adaptive one as last read.
+    pub fn limit(&self, s: usize) -> Option<u64> {
         let conc = self.rules.get(s)?.spec.concurrency.as_ref()?;
-        Some(conc.max as u64)
+        match self.local.get(s).and_then(|l| l.auto.as_ref()) {
+            Some(a) => Some(a.limit()),
+            None => Some(conc.max as u64),
+        }
+    }
+
+    /// The adaptive limit's floor estimate (µs), as last read.
+    pub fn floor_us(&self, s: usize) -> Option<u64> {
+        self.local.get(s)?.auto.as_ref()?.floor_us()
+    }
+
+    /// Adaptive limit: the latency of a request admitted at shedder `s`,
+    /// from its admission (after any wait) to its response.
+    pub fn sample(&mut self, s: usize, latency_us: u64) {
+        if let Some(l) = self.local.get_mut(s).filter(|l| l.auto.is_some()) {
+            l.samples.add(latency_us);
+        }
+    }
+
+    /// Adaptive limits (on the tick): adds this worker's samples to each
+    /// shared entry, which computes the next limit once an interval is
+    /// over, and reads the limit back.
+    pub fn adapt(&mut self, store: &dyn Store, now_ms: u64) {
+        for s in 0..self.rules.len() {
+            let Some(rule) = self.rules.get(s) else {
+                continue;
+            };
+            let (Some(key), Some(spec)) = (
+                rule.auto_key.clone(),
+                rule.spec.concurrency.as_ref().and_then(|c| c.adaptive),
+            ) else {
+                continue;
+            };
+            let Some(l) = self.local.get_mut(s) else {
+                continue;
+            };
+            let samples = std::mem::take(&mut l.samples);
+            let failures = &mut self.store_failures;
+            let merged = update(store, &key, self.max_retries, |found| {
+                let old = match found.map(|e| Auto::decode(&e.bytes)) {
+                    Some(Ok(a)) => a,
+                    Some(Err(_)) => {
+                        *failures += 1;
+                        Auto::new(&spec, now_ms)
+                    }
+                    None => Auto::new(&spec, now_ms),
+                };
+                let next = old.merge(&spec, &samples, now_ms);
+                Update::Write(next.encode(), next)
+            });
+            match merged {
+                Ok(a) => l.auto = Some(a),
+                Err(_) => self.store_failures += 1,
+            }
+        }
     }
 
     /// This worker's two most deserving waiters of shedder `s`, as claims.
@@ -303,8 +393,10 @@ impl Shedders {
         let mut refusal = false;
         // When the oldest waiter another worker claims arrived.
         let mut oldest_other: Option<u64> = None;
+        let mut peak = 0;
         let granted = update(store, &key, self.max_retries, |found| {
             let old = found_entry(found, failures);
+            peak = peak.max(old.inflight);
             refusal = false;
             oldest_other = old
                 .claims
@@ -328,16 +420,27 @@ impl Shedders {
             Err(_) if refusal => None,
             other => other?,
         };
-        if let (Op::Direct, Some(l)) = (op, self.local.get_mut(s)) {
+        self.note_op(s, op, granted, peak);
+        if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
+            self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
+        }
+        Ok(granted.is_some())
+    }
+
+    /// What a worker keeps of an op on the shared entry: the most in
+    /// flight it saw (for the adaptive limit), and a direct admission's
+    /// lease top-up.
+    fn note_op(&mut self, s: usize, op: Op, granted: Option<u64>, inflight_seen: u64) {
+        let Some(l) = self.local.get_mut(s) else {
+            return;
+        };
+        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen + 1);
+        if op == Op::Direct {
             // Calm while a direct admission is granted a lease top-up; a
             // refused one (`None`: at the limit, or waiters) is not calm.
             l.calm = granted.is_some_and(|g| g > 0);
             l.lease += granted.unwrap_or(0);
         }
-        if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
-            self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
-        }
-        Ok(granted.is_some())
     }
 
     /// Creates the shared counters (at configuration).
@@ -348,6 +451,19 @@ impl Shedders {
             }
         }
         Ok(())
+    }
+
+    /// Reads each adaptive limit's shared entry (at configuration: an
+    /// unchanged shedder keeps what it learned).
+    pub fn read_limits(&mut self, store: &dyn Store) {
+        for (r, l) in self.rules.iter().zip(self.local.iter_mut()) {
+            let Some(key) = &r.auto_key else { continue };
+            if let Ok(Some(e)) = store.get(key) {
+                if let Ok(a) = Auto::decode(&e.bytes) {
+                    l.auto = Some(a);
+                }
+            }
+        }
     }
 
     /// `Some(true)`: done; `Some(false)`: no slot; `None`: store trouble

@@ -23,6 +23,8 @@ struct OneShedder {
     queue_ms: MetricId,
     overloaded: MetricId,
     shed: [MetricId; 3],
+    /// Adaptive limits only: the limit, and the latency floor (ms).
+    adaptive: Option<(MetricId, MetricId)>,
 }
 
 /// The shedding stage of one configuration.
@@ -32,6 +34,10 @@ pub struct ShedStage {
     metrics: Vec<OneShedder>,
     /// Concurrency slots held, by stream (shedder indices).
     held: FastMap<StreamId, Vec<usize>>,
+    /// With an adaptive limit: when each stream holding a slot was admitted
+    /// (ns), for its latency sample.
+    admitted_ns: FastMap<StreamId, u64>,
+    adaptive: bool,
     /// Latency-mode shedders to report a stream's response latency to, and
     /// when the request arrived (ms).
     watched: FastMap<StreamId, (Vec<usize>, u64)>,
@@ -67,12 +73,19 @@ pub fn build(
             let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
             let shed = reg.variants("sluice_shed_total", &labels, "priority", classes);
             let mut m = |kind, name| reg.labelled(kind, name, &labels);
+            let adaptive = s.concurrency.as_ref().and_then(|c| c.adaptive).map(|_| {
+                (
+                    m(Kind::Gauge, "sluice_shed_limit"),
+                    m(Kind::Gauge, "sluice_shed_latency_floor_ms"),
+                )
+            });
             OneShedder {
                 in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
                 queued: m(Kind::Gauge, "sluice_shed_queued"),
                 queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
                 overloaded: m(Kind::Gauge, "sluice_shed_overloaded_workers"),
                 shed,
+                adaptive,
             }
         })
         .collect();
@@ -81,6 +94,11 @@ pub fn build(
         jitter_ns: config.response.retry_after_jitter_ns,
         metrics,
         held: FastMap::default(),
+        admitted_ns: FastMap::default(),
+        adaptive: config
+            .shedders
+            .iter()
+            .any(|s| s.concurrency.as_ref().is_some_and(|c| c.adaptive.is_some())),
         watched: FastMap::default(),
         deadlines: config.deadlines.clone(),
         deadline_of: FastMap::default(),
@@ -142,6 +160,40 @@ impl ShedStage {
     fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: usize) {
         self.held.entry(id).or_default().push(s);
         cx.add(self.m(s).in_flight, 1);
+        if self.adaptive {
+            let now = cx.now_ns();
+            self.admitted_ns.entry(id).or_insert(now);
+        }
+    }
+
+    /// Adaptive limits: a response's latency since admission is a sample
+    /// for each adaptive shedder whose slot the stream holds.
+    fn sample(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        let Some(since) = self.admitted_ns.remove(&id) else {
+            return;
+        };
+        let latency_us = cx.now_ns().saturating_sub(since) / 1_000;
+        for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
+            self.shedders.sample(s, latency_us);
+        }
+    }
+
+    /// Adaptive limits (on the tick): shares this worker's samples, reads
+    /// the limits back, and reports them.
+    fn adapt(&mut self, cx: &mut Cx<'_, '_>) {
+        if !self.adaptive {
+            return;
+        }
+        let now = cx.now_ms();
+        self.shedders.adapt(cx.store(), now);
+        for s in 0..self.shedders.rules.len() {
+            if let Some((limit, floor)) = self.m(s).adaptive {
+                cx.record(limit, self.shedders.limit(s).unwrap_or(0));
+                if let Some(f) = self.shedders.floor_us(s) {
+                    cx.record(floor, f / 1_000);
+                }
+            }
+        }
     }
 
     /// Resumes or sheds queued streams (after a release, and on ticks).
@@ -225,6 +277,9 @@ impl ShedStage {
     /// lets waiters in.
     fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
         self.deadline_of.remove(&id);
+        if self.adaptive {
+            self.admitted_ns.remove(&id);
+        }
         let slots = self.held.remove(&id).unwrap_or_default();
         for &s in &slots {
             self.shedders.release(cx.store(), s);
@@ -297,6 +352,7 @@ impl ShedStage {
 
 impl Stage for ShedStage {
     fn start(&mut self, cx: &mut Cx<'_, '_>) -> Result<(), String> {
+        self.shedders.read_limits(cx.store());
         self.shedders
             .create(cx.store())
             .map_err(|e| format!("could not create shedder counters in shared data: {e:?}"))
@@ -330,6 +386,9 @@ impl Stage for ShedStage {
     /// Latency mode: feeds the response's latency (or the queue time the
     /// upstream reports in a header) to the shedders that watch it.
     fn response(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, resp: &dyn ResponseView) -> bool {
+        if self.adaptive {
+            self.sample(cx, id);
+        }
         if let Some((watched, start_ms)) = self.watched.remove(&id) {
             let now = cx.now_ms();
             for s in watched {
@@ -360,6 +419,7 @@ impl Stage for ShedStage {
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         self.shedders.return_leases(cx.store());
+        self.adapt(cx);
         self.wake(cx);
     }
 

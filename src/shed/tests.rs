@@ -934,3 +934,59 @@ fn a_quiet_worker_sheds_sheddable_waiters_while_the_shared_queue_stands() {
     // Within two intervals of the quiet worker's CoDel, not max_wait.
     assert!(shed_at - since <= 200, "shed after {} ms", shed_at - since);
 }
+
+#[test]
+fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":"auto","queue":100,
+        "adaptive":{"min":1,"max":50,"initial":3,"interval":"100ms"}}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut a = Shedders::new(&config, T0, 1).expect("builds");
+    let mut b = Shedders::new(&config, T0, 2).expect("builds");
+    a.create(&store).expect("created");
+    assert_eq!(a.limit(0), Some(3));
+    // Three admitted at the initial limit; the fourth waits.
+    for id in 0..3 {
+        assert_eq!(a.arrive(&store, T0, 0, id, Class::Default), Arrival::Admit { slot: true });
+    }
+    assert!(matches!(
+        a.arrive(&store, T0, 0, 3, Class::Default),
+        Arrival::Queue { .. }
+    ));
+    // Both workers see latency at the floor with the limit in use: each
+    // interval the limit grows, and both read the same one.
+    let mut now = T0;
+    for _ in 0..5 {
+        now += 100;
+        for w in [&mut a, &mut b] {
+            for _ in 0..5 {
+                w.sample(0, 20_000);
+            }
+            w.adapt(&store, now);
+        }
+    }
+    let grown = a.limit(0).expect("a limit");
+    assert!(grown > 3, "{grown}");
+    b.adapt(&store, now + 1);
+    assert_eq!(b.limit(0), Some(grown));
+    assert_eq!(a.floor_us(0), Some(20_000));
+    // The queued request now gets a slot.
+    assert!(a
+        .wake(&store, now, 0)
+        .iter()
+        .any(|w| matches!(w, Wake::Resume { id: 3, .. })));
+    // Queueing latency (twice the floor, over the 1.25 tolerance): the
+    // limit falls.
+    for _ in 0..5 {
+        now += 100;
+        a.sample(0, 40_000);
+        a.adapt(&store, now);
+    }
+    assert!(a.limit(0).expect("a limit") < grown);
+    // A new configuration of the same shedder keeps what was learned.
+    let mut c = Shedders::new(&config, now, 3).expect("builds");
+    c.read_limits(&store);
+    assert_eq!(c.limit(0), a.limit(0));
+}

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Overload control side by side, in one run (part of `make bench`; alone:
+`make bench-overload`):
+
+1. Adaptive concurrency: an upstream serving 20 ms requests whose capacity
+   goes 4 -> 8 -> 2 concurrent slots, 5 s each, under 32 closed-loop
+   clients (a third each critical, default, sheddable). Nothing, Envoy's
+   native `adaptive_concurrency`, a sluice shedder with the limit set by
+   hand to the first capacity, and a sluice shedder with `max: "auto"`.
+   Goodput, admitted p50/p99 per class, and how long the learned limit took
+   to settle after each change.
+2. Error-rate control: an upstream (5 ms, ample capacity) that fails 50% of
+   requests for 6 s between two healthy stretches, under 16 clients.
+   Nothing, Envoy's native `admission_control`, a sluice breaker that opens,
+   and a sluice breaker with graded breaking. Successful requests served
+   while it fails half, and the time to full recovery once it is healthy.
+
+These are measurements, printed with the goals next to them, not timed tests.
+"""
+
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import http1  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, wasm_filter  # noqa: E402
+from test_adaptive import CapacityUpstream  # noqa: E402
+
+CLASSES = ("critical", "default", "sheddable")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def native_adaptive():
+    return {"name": "envoy.filters.http.adaptive_concurrency", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency",
+        "gradient_controller_config": {
+            "sample_aggregate_percentile": {"value": 50},
+            "concurrency_limit_params": {"concurrency_update_interval": "0.1s", "max_concurrency_limit": 64},
+            "min_rtt_calc_params": {"interval": "10s", "request_count": 20, "jitter": {"value": 10},
+                                    "min_concurrency": 1, "buffer": {"value": 25}}}}}
+
+
+def native_admission_control():
+    return {"name": "envoy.filters.http.admission_control", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.admission_control.v3.AdmissionControl",
+        "enabled": {"default_value": True, "runtime_key": "ac.enabled"},
+        "sampling_window": "2s",
+        "sr_threshold": {"default_value": {"value": 95.0}, "runtime_key": "ac.sr"},
+        "aggression": {"default_value": 1.0, "runtime_key": "ac.aggression"},
+        "rps_threshold": {"default_value": 1, "runtime_key": "ac.rps"},
+        "max_rejection_probability": {"default_value": {"value": 90.0}, "runtime_key": "ac.max"},
+        "success_criteria": {"http_criteria": {"http_success_status": [{"start": 100, "end": 500}]}}}}
+
+
+def shedder(concurrency):
+    return {"shedders": [{"name": "up", "priority": {"header": "x-priority"}, "concurrency": concurrency}]}
+
+
+ADAPTIVE_SETUPS = [
+    ("nothing", None),
+    ("native adaptive_concurrency", native_adaptive()),
+    ("sluice, hand-set limit 4", wasm_filter(shedder({"max": 4, "queue": 64, "max_wait": "50ms"}))),
+    ("sluice, max: auto", wasm_filter(shedder({"max": "auto", "queue": 64, "max_wait": "50ms",
+                                               "adaptive": {"min": 1, "max": 64, "initial": 4}}))),
+]
+
+BREAKER = {"name": "up", "key": "cluster", "min_requests": 20, "window": "2s",
+           "open": {"base": "1s", "max": "2s"}, "half_open": {"probes": 2}}
+BREAKER_SETUPS = [
+    ("nothing", None),
+    ("native admission_control", native_admission_control()),
+    ("sluice breaker, open/closed", wasm_filter({"circuit_breakers": [dict(BREAKER, error_rate=0.4)]})),
+    ("sluice breaker, graded", wasm_filter({"circuit_breakers": [
+        dict(BREAKER, error_rate=1.0, graded={"from": 0.05, "max": 0.9})]})),
+]
+
+
+class Clients:
+    """Closed-loop clients; each result is (sent_at, latency_s, status, class)."""
+
+    def __init__(self, port, n):
+        self.port, self.n = port, n
+        self.stop = threading.Event()
+        self.results = []
+        self.lock = threading.Lock()
+
+    def run(self, i):
+        cls = CLASSES[i % 3]
+        c = http1.Conn(self.port)
+        while not self.stop.is_set():
+            t = time.time()
+            try:
+                r = c.request("/", {"x-priority": cls})
+            except OSError:
+                c.close()
+                c = http1.Conn(self.port)
+                continue
+            with self.lock:
+                self.results.append((t, time.time() - t, r.status, cls))
+            if r.header("connection") == "close":
+                c.close()
+                c = http1.Conn(self.port)
+        c.close()
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(self.n)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))] * 1000 if xs else None
+
+
+def limit_reader(front, label):
+    """A function returning the current concurrency limit, if the setup has one."""
+    if label.startswith("native"):
+        return lambda: next((v for k, v in front.stats().items()
+                             if k.endswith("gradient_controller.concurrency_limit")), None)
+    if "auto" in label:
+        return lambda: next((v for k, v in front.stats().items()
+                             if "shedder=.=up" in k and k.endswith("sluice_shed_limit")), None)
+    return None
+
+
+def settle_time(series, change_at, end_at):
+    """Seconds from a change until the limit stays within 25% of where it
+    ends the phase (the median of the phase's last second)."""
+    phase = [(t, v) for t, v in series if change_at <= t < end_at and v is not None]
+    tail = [v for t, v in phase if t >= end_at - 1]
+    if not tail:
+        return None
+    final = statistics.median(tail)
+    settled = change_at
+    for t, v in phase:
+        if abs(v - final) > 0.25 * max(final, 1):
+            settled = t
+    return settled - change_at
+
+
+def run_adaptive(phase_s=5.0, clients=32):
+    out = []
+    for label, flt in ADAPTIVE_SETUPS:
+        with CapacityUpstream(4, 20) as up:
+            port = free_port()
+            front = Envoy(front_bootstrap(port, free_port(), up.port, [flt] if flt else []), 2)
+            with front:
+                read = limit_reader(front, label)
+                series, changes = [], []
+                with Clients(port, clients) as cl:
+                    start = time.time()
+                    for cap in (4, 8, 2):
+                        up.set_capacity(cap)
+                        changes.append(time.time())
+                        end = time.time() + phase_s
+                        while time.time() < end:
+                            if read:
+                                series.append((time.time(), read()))
+                            time.sleep(0.2)
+                    stop = time.time()
+                got = [r for r in cl.results if r[0] >= start + 0.5]
+        ok = [r for r in got if r[2] == 200]
+        row = {"setup": label, "goodput_rps": len(ok) / (stop - start - 0.5),
+               "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5)}
+        for cls in CLASSES:
+            lat = [r[1] for r in ok if r[3] == cls]
+            row[f"{cls}_p50_ms"], row[f"{cls}_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
+            row[f"{cls}_goodput_rps"] = len(lat) / (stop - start - 0.5)
+        ends = changes[1:] + [stop]
+        row["settle_s"] = [settle_time(series, c, e) for c, e in zip(changes, ends)] if read else None
+        row["limits_at_phase_end"] = [next((v for t, v in reversed(series) if t < e), None)
+                                      for e in ends] if read else None
+        out.append(row)
+        p99 = max((row[f"{c}_p99_ms"] or 0) for c in CLASSES)
+        print(f"  {label:<30} goodput {row['goodput_rps']:.0f}/s, worst class p99 {p99:.0f} ms, "
+              f"settle {row['settle_s']}, limits {row['limits_at_phase_end']}", flush=True)
+    return out
+
+
+def run_breakers(clients=16):
+    out = []
+    for label, flt in BREAKER_SETUPS:
+        with CapacityUpstream(256, 5) as up:
+            port = free_port()
+            front = Envoy(front_bootstrap(port, free_port(), up.port, [flt] if flt else []), 2)
+            with front, Clients(port, clients) as cl:
+                time.sleep(3)
+                up.control("/__errors?pct=50")
+                failing = time.time()
+                time.sleep(6)
+                up.control("/__errors?pct=0")
+                healthy = time.time()
+                time.sleep(6)
+                stop = time.time()
+        during = [r for r in cl.results if failing <= r[0] < healthy]
+        after = [r for r in cl.results if healthy <= r[0] < stop]
+        # Recovery: from when on every 250 ms bucket is at least 95% successes.
+        buckets = {}
+        for r in after:
+            b = int((r[0] - healthy) / 0.25)
+            buckets.setdefault(b, []).append(r[2] == 200)
+        recovered = None
+        for b in sorted(buckets):
+            if all(sum(v) >= 0.95 * len(v) for k, v in buckets.items() if k >= b):
+                recovered = b * 0.25
+                break
+        row = {"setup": label,
+               "served_ok_while_failing": sum(r[2] == 200 for r in during),
+               "requests_while_failing": len(during),
+               "upstream_calls_while_failing": None,
+               "recovery_s": recovered}
+        out.append(row)
+        print(f"  {label:<30} ok while failing {row['served_ok_while_failing']} of {row['requests_while_failing']}, "
+              f"recovered after {recovered} s", flush=True)
+    return out
+
+
+def write(adaptive, breakers, name="overload"):
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"adaptive": adaptive, "breakers": breakers}, indent=1))
+    lines = ["# Overload control side by side", "",
+             "Written by `bench/overload.py` (part of `make bench`). One run, one machine, 2 Envoy workers.", "",
+             "## Adaptive concurrency (capacity 4 -> 8 -> 2, 5 s each, 20 ms service, 32 clients)", "",
+             "Goal: sluice `auto` admitted p99 at or below native's with at least native's goodput, "
+             "and no class starved.", "",
+             "| setup | goodput/s | refused/s | critical p50/p99 ms | default p50/p99 ms | sheddable p50/p99 ms "
+             "| goodput per class/s | settle after each change (s) | limit at each phase end |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    for r in adaptive:
+        per = " / ".join(f(r[f"{c}_goodput_rps"]) for c in CLASSES)
+        settle = "-" if r["settle_s"] is None else ", ".join("-" if s is None else f"{s:.1f}" for s in r["settle_s"])
+        limits = "-" if r["limits_at_phase_end"] is None else ", ".join(f(v) for v in r["limits_at_phase_end"])
+        lines.append(f"| {r['setup']} | {f(r['goodput_rps'])} | {f(r['refused_rps'])} | "
+                     + " | ".join(f"{f(r[c + '_p50_ms'])} / {f(r[c + '_p99_ms'])}" for c in CLASSES)
+                     + f" | {per} | {settle} | {limits} |")
+    lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
+              "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
+              "upstream fails half, and recovers as fast.", "",
+              "| setup | successful while failing | requests while failing | full recovery after (s) |",
+              "|---|---|---|---|"]
+    for r in breakers:
+        rec = "-" if r["recovery_s"] is None else f"{r['recovery_s']:.2f}"
+        lines.append(f"| {r['setup']} | {r['served_ok_while_failing']} | {r['requests_while_failing']} | {rec} |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote bench/results/{name}.md")
+
+
+def main():
+    print("Adaptive concurrency, side by side:", flush=True)
+    adaptive = run_adaptive()
+    print("Error-rate control, side by side:", flush=True)
+    breakers = run_breakers()
+    write(adaptive, breakers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+//! An adaptive concurrency limit (`concurrency.max: "auto"`), learned from
+//! latency as Netflix's gradient limiter and Envoy's `adaptive_concurrency`
+//! do: while admitted requests take about as long as the upstream's
+//! no-load floor, the limit grows by about its square root per interval;
+//! when they take longer (the upstream queues), it shrinks in proportion
+//! (`limit × tolerance × floor / latency`, at most halving per interval).
+//!
+//! Shared across Envoy's workers: each worker adds its latency samples to
+//! one shared entry on its tick (one CAS per tick, never per request), and
+//! the first worker to find an interval over computes the next limit from
+//! everyone's samples. The floor is the lowest latency seen over the last
+//! one to two half-windows of `floor_window`, so it follows an upstream
+//! whose own speed changes, within a window. Every worker reads the limit
+//! back on its tick: an update reaches all of them within a tick.
+
+use crate::codec::{check, checked_body, Corrupt, Reader};
+
+/// Validated settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveSpec {
+    /// Bounds of the limit.
+    pub min: u32,
+    pub max: u32,
+    /// The limit before anything is learned.
+    pub initial: u32,
+    /// Latency up to `floor × tolerance_pct / 100` counts as no queueing.
+    pub tolerance_pct: u32,
+    /// How often the limit is recomputed.
+    pub interval_ms: u64,
+    /// The floor is the minimum over the last one to two half-windows.
+    pub floor_window_ms: u64,
+}
+
+/// Latency samples one worker gathered since its last tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Samples {
+    pub sum_us: u64,
+    pub count: u64,
+    pub min_us: Option<u64>,
+    /// The most requests in flight (all workers) this worker saw.
+    pub peak_inflight: u64,
+}
+
+impl Samples {
+    pub fn add(&mut self, latency_us: u64) {
+        self.sum_us = self.sum_us.saturating_add(latency_us);
+        self.count += 1;
+        self.min_us = Some(self.min_us.map_or(latency_us, |m| m.min(latency_us)));
+    }
+}
+
+/// The shared entry: the limit (in thousandths, so that small steps add
+/// up), the floor's two half-windows, and the current interval's samples
+/// from every worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Auto {
+    pub limit_milli: u64,
+    pub floor_current_us: u64,
+    pub floor_previous_us: u64,
+    pub floor_rotated_ms: u64,
+    pub interval_start_ms: u64,
+    pub sum_us: u64,
+    pub count: u64,
+    pub peak_inflight: u64,
+}
+
+const VERSION: u8 = 1;
+const BODY: usize = 1 + 8 * 8;
+/// No floor seen yet.
+const NONE: u64 = u64::MAX;
+
+impl Auto {
+    /// A fresh entry at the initial limit.
+    pub fn new(spec: &AdaptiveSpec, now_ms: u64) -> Self {
+        Auto {
+            limit_milli: u64::from(spec.initial) * 1000,
+            floor_current_us: NONE,
+            floor_previous_us: NONE,
+            floor_rotated_ms: now_ms,
+            interval_start_ms: now_ms,
+            sum_us: 0,
+            count: 0,
+            peak_inflight: 0,
+        }
+    }
+
+    /// The limit in whole requests.
+    pub fn limit(&self) -> u64 {
+        self.limit_milli / 1000
+    }
+
+    /// The floor estimate, if any sample was seen in the window.
+    pub fn floor_us(&self) -> Option<u64> {
+        let f = self.floor_current_us.min(self.floor_previous_us);
+        (f != NONE).then_some(f)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(BODY + 4);
+        out.push(VERSION);
+        for v in [
+            self.limit_milli,
+            self.floor_current_us,
+            self.floor_previous_us,
+            self.floor_rotated_ms,
+            self.interval_start_ms,
+            self.sum_us,
+            self.count,
+            self.peak_inflight,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let sum = check(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Auto, Corrupt> {
+        if bytes.len() != BODY + 4 || bytes.first() != Some(&VERSION) {
+            return Err(Corrupt);
+        }
+        let body = checked_body(bytes, BODY)?;
+        let mut r = Reader(body.get(1..).ok_or(Corrupt)?);
+        let mut next = || r.u64();
+        Ok(Auto {
+            limit_milli: next()?,
+            floor_current_us: next()?,
+            floor_previous_us: next()?,
+            floor_rotated_ms: next()?,
+            interval_start_ms: next()?,
+            sum_us: next()?,
+            count: next()?,
+            peak_inflight: next()?,
+        })
+    }
+
+    /// Adds a worker's samples and, once an interval is over, computes the
+    /// next limit from every worker's samples.
+    pub fn merge(mut self, spec: &AdaptiveSpec, s: &Samples, now_ms: u64) -> Auto {
+        if now_ms.saturating_sub(self.floor_rotated_ms) >= spec.floor_window_ms / 2 {
+            self.floor_previous_us = self.floor_current_us;
+            self.floor_current_us = NONE;
+            self.floor_rotated_ms = now_ms;
+        }
+        if let Some(m) = s.min_us {
+            self.floor_current_us = self.floor_current_us.min(m);
+        }
+        self.sum_us = self.sum_us.saturating_add(s.sum_us);
+        self.count = self.count.saturating_add(s.count);
+        self.peak_inflight = self.peak_inflight.max(s.peak_inflight);
+        if now_ms.saturating_sub(self.interval_start_ms) < spec.interval_ms {
+            return self;
+        }
+        if let (Some(floor), Some(avg)) = (self.floor_us(), self.sum_us.checked_div(self.count)) {
+            self.limit_milli = next_limit(spec, self.limit_milli, floor, avg, self.peak_inflight);
+        }
+        self.interval_start_ms = now_ms;
+        self.sum_us = 0;
+        self.count = 0;
+        self.peak_inflight = 0;
+        self
+    }
+}
+
+/// The gradient step: `limit × min(1, tolerance × floor / latency)`, at
+/// least half, plus `√limit` of headroom while there is no queueing and
+/// the limit was more than half used (an idle upstream teaches nothing
+/// about its capacity); within the bounds.
+fn next_limit(spec: &AdaptiveSpec, limit_milli: u64, floor_us: u64, avg_us: u64, peak: u64) -> u64 {
+    let limit = limit_milli as f64 / 1000.0;
+    let allowed = floor_us as f64 * f64::from(spec.tolerance_pct) / 100.0;
+    let gradient = (allowed / (avg_us.max(1) as f64)).clamp(0.5, 1.0);
+    let mut next = limit * gradient;
+    if gradient >= 1.0 && (peak as f64) * 2.0 >= limit {
+        next += limit.sqrt();
+    }
+    let next = next.clamp(f64::from(spec.min), f64::from(spec.max));
+    (next * 1000.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn spec() -> AdaptiveSpec {
+        AdaptiveSpec {
+            min: 2,
+            max: 200,
+            initial: 10,
+            tolerance_pct: 125,
+            interval_ms: 100,
+            floor_window_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_rejects_any_flipped_bit() {
+        let a = Auto {
+            limit_milli: 12_345,
+            floor_current_us: 20_000,
+            floor_previous_us: NONE,
+            floor_rotated_ms: 7,
+            interval_start_ms: 9,
+            sum_us: 1 << 40,
+            count: 77,
+            peak_inflight: 12,
+        };
+        let bytes = a.encode();
+        assert_eq!(Auto::decode(&bytes), Ok(a));
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert_eq!(Auto::decode(&bad), Err(Corrupt), "byte {i}");
+        }
+        assert_eq!(Auto::decode(&bytes[1..]), Err(Corrupt));
+    }
+
+    /// A simulated upstream with `capacity` slots and a fixed service time
+    /// under a demand above any limit: of the limit's requests, the first
+    /// `capacity` take the service time, the next wait one turn more, and
+    /// so on.
+    fn settle(mut auto: Auto, capacity: u64, now: &mut u64, rounds: u32) -> Auto {
+        let service_us = 20_000;
+        for _ in 0..rounds {
+            let limit = auto.limit().max(1);
+            let mut s = Samples {
+                peak_inflight: limit,
+                ..Samples::default()
+            };
+            for k in 0..limit {
+                s.add(service_us * (k / capacity + 1));
+            }
+            *now += 100;
+            auto = auto.merge(&spec(), &s, *now);
+        }
+        auto
+    }
+
+    #[test]
+    fn the_limit_follows_the_upstream_capacity_up_and_down() {
+        let mut now = 1_000_000;
+        let auto = Auto::new(&spec(), now);
+        // Capacity 8: the limit grows until requests queue, and stays
+        // within the tolerance of it.
+        let auto = settle(auto, 8, &mut now, 40);
+        assert!((8..=12).contains(&auto.limit()), "{}", auto.limit());
+        // Capacity 2: down within a few intervals.
+        let auto = settle(auto, 2, &mut now, 6);
+        assert!((2..=3).contains(&auto.limit()), "{}", auto.limit());
+        // Capacity 16: up again.
+        let auto = settle(auto, 16, &mut now, 40);
+        assert!((16..=24).contains(&auto.limit()), "{}", auto.limit());
+        assert_eq!(auto.floor_us(), Some(20_000));
+    }
+
+    #[test]
+    fn an_idle_upstream_does_not_raise_the_limit_and_bounds_hold() {
+        let mut now = 1_000_000;
+        let mut auto = Auto::new(&spec(), now);
+        for _ in 0..50 {
+            let mut s = Samples {
+                peak_inflight: 1,
+                ..Samples::default()
+            };
+            s.add(20_000);
+            now += 100;
+            auto = auto.merge(&spec(), &s, now);
+        }
+        assert_eq!(auto.limit(), 10);
+        // Terrible latency: never below the minimum.
+        for _ in 0..50 {
+            let mut s = Samples {
+                peak_inflight: 10,
+                ..Samples::default()
+            };
+            s.add(20_000_000);
+            now += 100;
+            auto = auto.merge(&spec(), &s, now);
+        }
+        assert_eq!(auto.limit(), 2);
+    }
+
+    #[test]
+    fn samples_from_several_workers_count_once_per_interval() {
+        let now = 1_000_000;
+        let auto = Auto::new(&spec(), now);
+        let mut s = Samples::default();
+        s.add(20_000);
+        // Within the interval: gathered, no new limit yet.
+        let a = auto
+            .merge(&spec(), &s, now + 10)
+            .merge(&spec(), &s, now + 20);
+        assert_eq!((a.count, a.limit()), (2, 10));
+        let b = a.merge(&spec(), &Samples::default(), now + 100);
+        assert_eq!(b.count, 0);
+        assert_eq!(b.interval_start_ms, now + 100);
+    }
+}
