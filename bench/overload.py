@@ -56,8 +56,11 @@ def native_admission_control():
         "success_criteria": {"http_criteria": {"http_success_status": [{"start": 100, "end": 500}]}}}}
 
 
-def shedder(concurrency):
-    return {"shedders": [{"name": "up", "priority": {"header": "x-priority"}, "concurrency": concurrency}]}
+def shedder(concurrency, shares=None):
+    priority = {"header": "x-priority"}
+    if shares:
+        priority["shares"] = shares
+    return {"shedders": [{"name": "up", "priority": priority, "concurrency": concurrency}]}
 
 
 ADAPTIVE_SETUPS = [
@@ -66,6 +69,9 @@ ADAPTIVE_SETUPS = [
     ("sluice, hand-set limit 4", wasm_filter(shedder({"max": 4, "queue": 64, "max_wait": "50ms"}))),
     ("sluice, max: auto", wasm_filter(shedder({"max": "auto", "queue": 64, "max_wait": "50ms",
                                                "adaptive": {"min": 1, "max": 64, "initial": 4}}))),
+    ("sluice, max: auto, shares 50/35/15", wasm_filter(shedder(
+        {"max": "auto", "queue": 64, "max_wait": "50ms", "adaptive": {"min": 1, "max": 64, "initial": 4}},
+        shares={"critical": 50, "default": 35, "sheddable": 15}))),
 ]
 
 BREAKER = {"name": "up", "key": "cluster", "min_requests": 20, "window": "2s",

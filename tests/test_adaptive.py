@@ -160,3 +160,46 @@ def test_bad_adaptive_settings_are_refused_naming_the_field():
     assert not ok and 'shedders[0].concurrency.max: must be a positive integer or "auto", got "lots"' in out, out[-1500:]
     ok, out = validate({"shedders": [{"name": "up", "concurrency": {"max": 5, "adaptive": {}}}]})
     assert not ok and 'shedders[0].concurrency.adaptive: only applies with max: "auto"' in out, out[-1500:]
+
+
+WORKERS = 2
+
+
+def test_shares_hold_under_overload_from_every_class_at_once():
+    """16 clients per class (each class alone 4x the upstream's capacity of
+    4 slots at 20 ms): admissions split by the configured shares."""
+    shares = {"critical": 50, "default": 35, "sheddable": 15}
+    cfg = {"shedders": [{"name": "up", "priority": {"header": "x-priority", "shares": shares},
+                         "concurrency": {"max": 4, "queue": 200, "max_wait": "2s"}}]}
+    with AdaptiveStack(cfg, capacity=4, concurrency=WORKERS) as s:
+        stop = threading.Event()
+        got = {c: 0 for c in shares}
+        lock = threading.Lock()
+
+        def client(cls):
+            c = http1.Conn(s.port)
+            while not stop.is_set():
+                r = c.request("/", {"x-priority": cls})
+                if r.status == 200 and measuring.is_set():
+                    with lock:
+                        got[cls] += 1
+                if r.header("connection") == "close":
+                    c.close()
+                    c = http1.Conn(s.port)
+            c.close()
+
+        measuring = threading.Event()
+        threads = [threading.Thread(target=client, args=(cls,)) for cls in shares for _ in range(16)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        measuring.set()
+        time.sleep(4)
+        measuring.clear()
+        stop.set()
+        for t in threads:
+            t.join()
+    total = sum(got.values())
+    assert total > 400, got  # about 200/s for 4 s
+    for cls, pct in shares.items():
+        assert abs(100 * got[cls] / total - pct) <= 6, got

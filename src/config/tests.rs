@@ -159,6 +159,31 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "missing field `bucket`",
         ),
         (
+            r#"{"shedders":[{"name":"s","priority":{"shares":{"critical":50,"default":35,"sheddable":15}}}]}"#.into(),
+            "shedders[0].priority.shares",
+            "needs a concurrency limit (queue mode)",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":4},"priority":{"shares":{"critical":50,"default":35,"sheddable":10}}}]}"#.into(),
+            "shedders[0].priority.shares",
+            "must add up to 100, got 95",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":4},"priority":{"shares":{"critical":150,"default":-35,"sheddable":-15}}}]}"#.into(),
+            "shedders[0].priority.shares.sheddable",
+            "must be a percentage between 0 and 100, got -15",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":4},"priority":{"shares":{"critical":100}}}]}"#.into(),
+            "shedders[0].priority.shares",
+            "missing field `default`",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","priority":{"lifo":true}}]}"#.into(),
+            "shedders[0].priority.lifo",
+            "needs a concurrency limit (queue mode)",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window"}]}"#.into(),
             "rate_limits[0].window",
             "missing field `window`",

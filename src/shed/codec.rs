@@ -64,7 +64,8 @@ impl Claim {
 pub struct Shared {
     pub inflight: u64,
     pub waiting: u64,
-    /// Sorted by `Claim::order`, one per worker.
+    /// Sorted by `Claim::order` (with shares: by turn, then worker), one
+    /// per worker.
     pub claims: Vec<Claim>,
 }
 
@@ -110,11 +111,17 @@ pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
             seen_ms: r.u64().ok()?,
         });
     }
-    // Written sorted: anything else is not ours.
-    if !claims
+    // Written sorted, by `Claim::order` (or, for a shedder with shares, by
+    // turn and worker): anything else is not ours.
+    let by_class = claims
         .windows(2)
-        .all(|w| matches!(w, [a, b] if a.order(b).is_lt()))
-    {
+        .all(|w| matches!(w, [a, b] if a.order(b).is_lt()));
+    let by_turn = || {
+        claims
+            .windows(2)
+            .all(|w| matches!(w, [a, b] if (a.since_ms, a.worker) < (b.since_ms, b.worker)))
+    };
+    if !by_class && !by_turn() {
         return None;
     }
     Some(Shared {

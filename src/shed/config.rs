@@ -64,6 +64,11 @@ pub struct ShedderSpec {
     pub priority_header: Option<String>,
     pub default_class: Class,
     pub classes: Vec<(Match, Class)>,
+    /// Guaranteed shares of the admissions per class (percent, indexed by
+    /// `Class as usize`), instead of strict priority.
+    pub shares: Option<[u32; 3]>,
+    /// Newest first within a class while overloaded.
+    pub lifo: bool,
     pub concurrency: Option<ConcurrencySpec>,
     pub latency: LatencySpec,
     pub target_ms: u64,
@@ -100,6 +105,19 @@ struct RawPriority {
     default: Option<Class>,
     #[serde(default)]
     classes: Vec<Strict<RawClassRule>>,
+    #[serde(default)]
+    shares: Option<Strict<RawShares>>,
+    #[serde(default)]
+    lifo: bool,
+}
+
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+struct RawShares {
+    critical: i64,
+    default: i64,
+    sheddable: i64,
 }
 
 #[derive(Deserialize)]
@@ -158,7 +176,19 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         header: None,
         default: None,
         classes: Vec::new(),
+        shares: None,
+        lifo: false,
     });
+    let shares = priority
+        .shares
+        .map(|sh| validate_shares(at, sh.into_inner(), raw.concurrency.is_some()))
+        .transpose()?;
+    if priority.lifo && raw.concurrency.is_none() {
+        return Err(err(
+            format!("{at}.priority.lifo"),
+            "needs a concurrency limit (queue mode)",
+        ));
+    }
     let priority_header = optional_header(format!("{at}.priority.header"), priority.header)?;
     let mut classes = Vec::new();
     for (j, c) in priority
@@ -186,6 +216,8 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         priority_header,
         default_class: priority.default.unwrap_or(Class::Default),
         classes,
+        shares,
+        lifo: priority.lifo,
         concurrency: raw
             .concurrency
             .map(|c| concurrency(at, c.into_inner()))
@@ -195,6 +227,35 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         interval_ms,
         status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
     })
+}
+
+/// Shares in percent, indexed by `Class as usize`; they must add up to 100.
+fn validate_shares(at: &str, raw: RawShares, queue: bool) -> Result<[u32; 3], ConfigError> {
+    let field = format!("{at}.priority.shares");
+    if !queue {
+        return Err(err(field, "needs a concurrency limit (queue mode)"));
+    }
+    let mut out = [0u32; 3];
+    for (class, v) in [
+        (Class::Sheddable, raw.sheddable),
+        (Class::Default, raw.default),
+        (Class::Critical, raw.critical),
+    ] {
+        if !(0..=100).contains(&v) {
+            return Err(err(
+                format!("{field}.{}", class.name()),
+                format!("must be a percentage between 0 and 100, got {v}"),
+            ));
+        }
+        if let Some(o) = out.get_mut(class as usize) {
+            *o = v as u32;
+        }
+    }
+    let sum: u32 = out.iter().sum();
+    if sum != 100 {
+        return Err(err(field, format!("must add up to 100, got {sum}")));
+    }
+    Ok(out)
 }
 
 fn optional_header(field: String, raw: Option<String>) -> Result<Option<String>, ConfigError> {

@@ -39,6 +39,9 @@ pub fn lease_cap(max: u64) -> u64 {
 #[derive(Debug, Clone, Copy)]
 pub struct Change {
     pub op: Op,
+    /// Waiters go in order of age across workers, whatever their class
+    /// (shares: each worker's claim is already the class its turn is for).
+    pub by_age: bool,
     /// The concurrency limit.
     pub max: u64,
     /// Slots this worker holds leased.
@@ -80,6 +83,24 @@ impl Change {
             && c.seen_ms <= self.now.saturating_add(CLAIM_TTL_MS)
     }
 
+    /// Whether claim `a`'s waiter goes before `b`'s.
+    fn before(&self, a: &Claim, b: &Claim) -> bool {
+        if self.by_age {
+            a.since_ms < b.since_ms
+        } else {
+            a.before(b)
+        }
+    }
+
+    /// The order claims are kept in.
+    fn order(&self, a: &Claim, b: &Claim) -> std::cmp::Ordering {
+        if self.by_age {
+            (a.since_ms, a.worker).cmp(&(b.since_ms, b.worker))
+        } else {
+            a.order(b)
+        }
+    }
+
     /// Our claim, with the time it was last written unless that is due
     /// again (so that a refusal need not write every time).
     fn ours(&self, old: &Shared, m: Claim) -> Claim {
@@ -106,7 +127,7 @@ impl Change {
             };
             claims.extend(old.claims.iter().filter(others).copied());
             if let Some(m) = mine.map(|m| self.ours(old, m)) {
-                let at = claims.partition_point(|c| c.order(&m).is_lt());
+                let at = claims.partition_point(|c| self.order(c, &m).is_lt());
                 claims.insert(at, m);
             }
             claims.truncate(MAX_CLAIMS);
@@ -155,7 +176,7 @@ impl Change {
             return Applied::Keep;
         };
         let first = old.claims.iter().find(|c| self.live(c));
-        if old.inflight >= self.max || first.is_some_and(|t| t.before(&w)) {
+        if old.inflight >= self.max || first.is_some_and(|t| self.before(t, &w)) {
             let next = self.write(old, old.inflight, old.waiting, self.head);
             return if next == *old {
                 Applied::Keep

@@ -19,6 +19,7 @@ pub mod codel;
 pub mod config;
 mod entry;
 pub mod reply;
+mod shares;
 pub mod stage;
 #[cfg(test)]
 mod tests;
@@ -33,6 +34,7 @@ use codel::Codel;
 pub use config::{Class, ShedderSpec};
 pub use entry::lease_cap;
 use entry::{Applied, Change, Op};
+use shares::Clocks;
 use std::collections::VecDeque;
 
 /// A queued request: the host's stream id, its class, when it arrived.
@@ -41,6 +43,8 @@ pub struct Waiter {
     pub id: u32,
     pub class: Class,
     pub since_ms: u64,
+    /// Its turn: with shares a virtual time (see `shares`), else `since_ms`.
+    pub turn_ms: u64,
     /// When the caller's deadline passes (ms), if it sent one.
     pub deadline_ms: Option<u64>,
 }
@@ -108,6 +112,8 @@ struct Local {
     /// and floor last read from the shared entry.
     samples: Samples,
     auto: Option<Auto>,
+    /// Turns by class, with shares.
+    clocks: Clocks,
 }
 
 /// All shedders of one configuration, in one worker.
@@ -200,6 +206,7 @@ impl Shedders {
                     .as_ref()
                     .and_then(|c| c.adaptive)
                     .map(|a| Auto::new(&a, now_ms)),
+                clocks: Clocks::default(),
             })
             .collect();
         Ok(Shedders {
@@ -353,19 +360,60 @@ impl Shedders {
         }
     }
 
-    /// This worker's two most deserving waiters of shedder `s`, as claims.
+    /// Shedder `s`'s shares, if it has them.
+    fn shares(&self, s: usize) -> Option<[u32; 3]> {
+        self.rules.get(s)?.spec.shares
+    }
+
+    /// The class served next here: the highest class waiting, or with
+    /// shares the class whose oldest waiter has the earliest turn.
+    fn next_class(l: &Local, shares: bool) -> Option<usize> {
+        let fronts = (0..3)
+            .rev()
+            .filter_map(|c| Some((c, l.queues.get(c)?.front()?)));
+        if shares {
+            fronts
+                .min_by_key(|(c, w)| (w.turn_ms, 2 - c))
+                .map(|(c, _)| c)
+        } else {
+            fronts.map(|(c, _)| c).next()
+        }
+    }
+
+    /// This worker's two most deserving waiters of shedder `s`, as claims
+    /// (with shares, a claim's `since_ms` is its waiter's turn).
     fn heads(&self, s: usize) -> (Option<Claim>, Option<Claim>) {
         let Some(l) = self.local.get(s) else {
             return (None, None);
         };
         let claim = |w: &Waiter| Claim {
             class: w.class,
-            since_ms: w.since_ms,
+            since_ms: w.turn_ms,
             worker: self.worker,
             seen_ms: self.now_ms,
         };
-        let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
-        (best.next().map(claim), best.next().map(claim))
+        if self.shares(s).is_none() {
+            let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
+            return (best.next().map(claim), best.next().map(claim));
+        }
+        let mut two: Vec<&Waiter> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
+        two.sort_by_key(|w| (w.turn_ms, 2 - w.class as usize));
+        (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
+    }
+
+    /// Takes the next waiter to admit out of this worker's queue: of the
+    /// class served next, the oldest, or the newest while overloaded with
+    /// `lifo` (the requests still most likely to be wanted).
+    fn pop_next(&mut self, s: usize) -> Option<Waiter> {
+        let shares = self.shares(s).is_some();
+        let lifo = self.rules.get(s).is_some_and(|r| r.spec.lifo);
+        let l = self.local.get_mut(s)?;
+        let c = Self::next_class(l, shares)?;
+        let newest = lifo && l.codel.overloaded;
+        let q = l.queues.get_mut(c)?;
+        let w = if newest { q.pop_back() } else { q.pop_front() }?;
+        l.clocks.served(w.turn_ms);
+        Some(w)
     }
 
     /// Applies `op` to the shared entry by CAS, and keeps this worker's
@@ -381,6 +429,7 @@ impl Shedders {
         let (head, second) = self.heads(s);
         let change = Change {
             op,
+            by_age: self.shares(s).is_some(),
             max: self.limit(s).unwrap_or(u32::MAX as u64),
             lease: self.local.get(s).map_or(0, |l| l.lease),
             head,
@@ -422,9 +471,31 @@ impl Shedders {
         };
         self.note_op(s, op, granted, peak);
         if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
-            self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
+            if self.shares(s).is_some() {
+                self.observe_turns(s, oldest_other);
+            } else {
+                self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
+            }
         }
         Ok(granted.is_some())
+    }
+
+    /// With shares, claims carry turns, not arrival times: the earliest
+    /// turn another worker claims keeps this worker's clock in step with
+    /// theirs, and only this worker's own waiters tell how long the queue
+    /// has stood.
+    fn observe_turns(&mut self, s: usize, other_turn: Option<u64>) {
+        if let (Some(t), Some(l)) = (other_turn, self.local.get_mut(s)) {
+            l.clocks.served(t);
+        }
+        let own = self.local.get(s).and_then(|l| {
+            l.queues
+                .iter()
+                .filter_map(|q| q.front())
+                .map(|w| w.since_ms)
+                .min()
+        });
+        self.observe_global(s, None, own);
     }
 
     /// What a worker keeps of an op on the shared entry: the most in
@@ -537,23 +608,30 @@ impl Shedders {
                 Arrival::Admit { slot: false }
             };
         };
-        // Waiters of a higher or equal class go first.
+        let shares = rule.spec.shares;
+        // Waiters of a higher or equal class go first (with shares, every
+        // waiter: the arrival's class may not be the one served next).
+        let skip = if shares.is_some() { 0 } else { class as usize };
         let ahead = self.local.get(s).map_or(0, |l| {
-            l.queues
-                .iter()
-                .skip(class as usize)
-                .map(VecDeque::len)
-                .sum::<usize>()
+            l.queues.iter().skip(skip).map(VecDeque::len).sum::<usize>()
         });
         if ahead == 0 {
             if let Some(admitted) = self.admit_at_once(store, now_ms, s) {
                 return admitted;
             }
         }
+        let turn_ms = match (shares, self.local.get_mut(s)) {
+            (Some(sh), Some(l)) => {
+                let queued = l.queues.get(class as usize).map_or(0, VecDeque::len);
+                l.clocks.turn(sh, class as usize, now_ms, queued as u64)
+            }
+            _ => now_ms,
+        };
         let waiter = Waiter {
             id,
             class,
             since_ms: now_ms,
+            turn_ms,
             deadline_ms,
         };
         self.enqueue(store, s, waiter, &conc)
@@ -586,10 +664,13 @@ impl Shedders {
         w: Waiter,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
+        let by_class = self.rules.get(s).is_some_and(|r| r.spec.shares.is_none());
         let Some(l) = self.local.get_mut(s) else {
             return Arrival::Shed;
         };
-        if l.codel.threshold(w.class) == Some(0) || conc.queue == 0 {
+        // With shares, CoDel's thresholds by class do not apply (they would
+        // shed a class before its share comes round): max_wait bounds waits.
+        if (by_class && l.codel.threshold(w.class) == Some(0)) || conc.queue == 0 {
             l.codel.shed(w.since_ms);
             return Arrival::Shed;
         }
@@ -634,6 +715,7 @@ impl Shedders {
         out: &mut Vec<Wake>,
     ) {
         let shed_before = out.len();
+        let by_class = self.rules.get(s).is_some_and(|r| r.spec.shares.is_none());
         if let Some(l) = self.local.get_mut(s) {
             for q in l.queues.iter_mut() {
                 q.retain(|w| {
@@ -641,10 +723,10 @@ impl Shedders {
                         out.push(Wake::Expired { waiter: *w });
                         return false;
                     }
-                    let limit = l
-                        .codel
-                        .threshold(w.class)
-                        .map_or(max_wait, |t| t.min(max_wait));
+                    let limit = match l.codel.threshold(w.class) {
+                        Some(t) if by_class => t.min(max_wait),
+                        _ => max_wait,
+                    };
                     let keep = now_ms.saturating_sub(w.since_ms) < limit.max(1);
                     if !keep {
                         out.push(Wake::Shed { waiter: *w });
@@ -681,10 +763,7 @@ impl Shedders {
             match self.try_op(store, s, Op::Admit) {
                 Some(false) => break,
                 got => {
-                    let Some(l) = self.local.get_mut(s) else {
-                        break;
-                    };
-                    let Some(w) = l.queues.iter_mut().rev().find_map(VecDeque::pop_front) else {
+                    let Some(w) = self.pop_next(s) else {
                         break;
                     };
                     let waited_ms = now_ms.saturating_sub(w.since_ms);

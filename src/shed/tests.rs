@@ -205,6 +205,7 @@ fn the_limit_is_global_and_waiters_resume_in_priority_order() {
                 id: 3,
                 class: Class::Sheddable,
                 since_ms: T0,
+                turn_ms: T0,
                 deadline_ms: None,
             })
         }
@@ -262,6 +263,7 @@ fn nobody_waits_past_max_wait_and_cancelled_waiters_leave_the_queue() {
                 id: 4,
                 class: Class::Critical,
                 since_ms: T0 + 100,
+                turn_ms: T0 + 100,
                 deadline_ms: None,
             }
         }]
@@ -307,6 +309,7 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
                 id: 8,
                 class: Class::Default,
                 since_ms: T0 + 202,
+                turn_ms: T0 + 202,
                 deadline_ms: None,
             }
         }]
@@ -949,7 +952,10 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     assert_eq!(a.limit(0), Some(3));
     // Three admitted at the initial limit; the fourth waits.
     for id in 0..3 {
-        assert_eq!(a.arrive(&store, T0, 0, id, Class::Default), Arrival::Admit { slot: true });
+        assert_eq!(
+            a.arrive(&store, T0, 0, id, Class::Default),
+            Arrival::Admit { slot: true }
+        );
     }
     assert!(matches!(
         a.arrive(&store, T0, 0, 3, Class::Default),
@@ -989,4 +995,193 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     let mut c = Shedders::new(&config, now, 3).expect("builds");
     c.read_limits(&store);
     assert_eq!(c.limit(0), a.limit(0));
+}
+
+#[test]
+fn shares_split_admissions_by_class_under_overload_across_two_workers() {
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":4,"queue":5000,"max_wait":"1h"},
+        "priority":{"shares":{"critical":50,"default":35,"sheddable":15}}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut workers = [
+        Shedders::new(&config, T0, 1).expect("builds"),
+        Shedders::new(&config, T0, 2).expect("builds"),
+    ];
+    workers[0].create(&store).expect("created");
+    let classes = [Class::Critical, Class::Default, Class::Sheddable];
+    let class_of = |id: u32| classes[(id % 3) as usize];
+    let mut held: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    // Every class floods both workers at once.
+    for id in 0..3000u32 {
+        let w = (id / 3 % 2) as usize;
+        if workers[w].arrive(&store, T0, 0, id, class_of(id)) == (Arrival::Admit { slot: true }) {
+            held[w].push(id);
+        }
+    }
+    let mut admitted = [0u32; 3];
+    let mut now = T0;
+    for i in 0..200 {
+        now += 1;
+        let w = i % 2;
+        for _ in held[w].drain(..) {
+            workers[w].release(&store, 0);
+        }
+        for wake in workers[w].wake(&store, now, 0) {
+            if let Wake::Resume { id, .. } = wake {
+                admitted[class_of(id) as usize] += 1;
+                held[w].push(id);
+            }
+        }
+    }
+    let total: u32 = admitted.iter().sum();
+    assert!(total > 200, "{admitted:?}");
+    let share = |c: Class| f64::from(admitted[c as usize]) / f64::from(total);
+    assert!((share(Class::Critical) - 0.50).abs() < 0.05, "{admitted:?}");
+    assert!((share(Class::Default) - 0.35).abs() < 0.05, "{admitted:?}");
+    assert!(
+        (share(Class::Sheddable) - 0.15).abs() < 0.05,
+        "{admitted:?}"
+    );
+}
+
+#[test]
+fn strict_priority_without_shares_serves_the_highest_class_first() {
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":100,"max_wait":"1h"}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    sh.create(&store).expect("created");
+    assert_eq!(
+        sh.arrive(&store, T0, 0, 0, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    for (id, class) in [
+        (1, Class::Sheddable),
+        (2, Class::Default),
+        (3, Class::Critical),
+    ] {
+        assert!(matches!(
+            sh.arrive(&store, T0, 0, id, class),
+            Arrival::Queue { .. }
+        ));
+    }
+    let mut order = Vec::new();
+    for t in 1..4 {
+        sh.release(&store, 0);
+        for w in sh.wake(&store, T0 + t, 0) {
+            if let Wake::Resume { id, .. } = w {
+                order.push(id);
+            }
+        }
+    }
+    assert_eq!(order, vec![3, 2, 1]);
+}
+
+/// Closed-loop clients of every class on two workers (each client sends
+/// again as soon as its request ends, 20 ms after admission): never more
+/// in flight than the limit, and admissions split by the shares.
+fn closed_loop(shares: &str) -> [u32; 3] {
+    let json = format!(
+        r#"{{"shedders":[{{"name":"a","concurrency":{{"max":4,"queue":200,"max_wait":"2s"}},
+        "priority":{{{shares}}}}}]}}"#
+    );
+    let config = parse(json.as_bytes()).expect("valid");
+    let store = MemoryStore::default();
+    let mut workers = [
+        Shedders::new(&config, T0, 1).expect("builds"),
+        Shedders::new(&config, T0, 2).expect("builds"),
+    ];
+    workers[0].create(&store).expect("created");
+    let classes = [Class::Critical, Class::Default, Class::Sheddable];
+    let class_of = |c: u32| classes[(c / 2 % 3) as usize];
+    // 48 clients: client c on worker c % 2.
+    let mut inflight: Vec<(usize, u32, u64)> = Vec::new();
+    let mut now = T0;
+    let mut admitted = [0u32; 3];
+    for c in 0..48u32 {
+        let w = (c % 2) as usize;
+        if workers[w].arrive(&store, now, 0, c, class_of(c)) == (Arrival::Admit { slot: true }) {
+            inflight.push((w, c, now + 20));
+        }
+    }
+    for _ in 0..4000 {
+        now += 1;
+        let (done, rest): (Vec<_>, Vec<_>) = inflight.into_iter().partition(|x| x.2 <= now);
+        inflight = rest;
+        for (w, c, _) in done {
+            workers[w].release(&store, 0);
+            admitted[class_of(c) as usize] += 1;
+            if workers[w].arrive(&store, now, 0, c, class_of(c)) == (Arrival::Admit { slot: true })
+            {
+                inflight.push((w, c, now + 20));
+            }
+        }
+        for (w, worker) in workers.iter_mut().enumerate() {
+            for wake in worker.wake(&store, now, 0) {
+                if let Wake::Resume { id, slot, .. } = wake {
+                    assert!(slot, "admitted without a slot");
+                    inflight.push((w, id, now + 20));
+                }
+            }
+        }
+        assert!(
+            inflight.len() <= 4,
+            "{} in flight at {}",
+            inflight.len(),
+            now - T0
+        );
+        assert_eq!(workers[0].store_failures + workers[1].store_failures, 0);
+    }
+    admitted
+}
+
+#[test]
+fn closed_loop_clients_on_two_workers_get_their_shares_and_never_exceed_the_limit() {
+    let got = closed_loop(r#""shares":{"critical":50,"default":35,"sheddable":15}"#);
+    let total: u32 = got.iter().sum();
+    let pct = |c: Class| 100 * got[c as usize] / total;
+    assert!((47..=53).contains(&pct(Class::Critical)), "{got:?}");
+    assert!((32..=38).contains(&pct(Class::Default)), "{got:?}");
+    assert!((12..=18).contains(&pct(Class::Sheddable)), "{got:?}");
+    // Strict priority, for contrast: the lower classes starve.
+    let strict = closed_loop("");
+    assert!(strict[Class::Sheddable as usize] == 0, "{strict:?}");
+}
+
+#[test]
+fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":100,"max_wait":"1h"},
+        "priority":{"lifo":true}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    sh.create(&store).expect("created");
+    assert_eq!(
+        sh.arrive(&store, T0, 0, 0, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    for id in 1..=4 {
+        assert!(matches!(
+            sh.arrive(&store, T0 + id as u64, 0, id, Class::Default),
+            Arrival::Queue { .. }
+        ));
+    }
+    let next = |sh: &mut Shedders, t: u64| {
+        sh.release(&store, 0);
+        sh.wake(&store, T0 + t, 0).iter().find_map(|w| match w {
+            Wake::Resume { id, .. } => Some(*id),
+            _ => None,
+        })
+    };
+    // Not overloaded: oldest first.
+    assert_eq!(next(&mut sh, 5), Some(1));
+    // Overloaded: newest first.
+    sh.local[0].codel.overloaded = true;
+    assert_eq!(next(&mut sh, 6), Some(4));
 }
