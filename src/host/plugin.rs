@@ -4,8 +4,8 @@
 use super::metrics::{self, HostSink, StoreMetrics};
 use super::reply;
 use super::store::SharedData;
-use super::views::now_ns;
-use crate::pipeline::{Effect, Env, Outcome, Pipeline};
+use super::views::{now_ns, HostRequest};
+use crate::pipeline::{Effect, Env, Outcome, Pipeline, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::RefCell;
@@ -74,20 +74,16 @@ impl Plugin {
                     stream,
                     set_headers,
                 } => {
-                    if hostcalls::set_effective_context(stream).is_ok() {
-                        for (name, value) in &set_headers {
-                            let _ = hostcalls::set_map_value(
-                                MapType::HttpRequestHeaders,
-                                name,
-                                Some(value),
-                            );
-                        }
+                    if self.enter(stream, &set_headers) {
                         let _ = hostcalls::resume_http_request();
-                    } else {
-                        // The stream is gone: give back what it may hold.
-                        if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
-                            self.apply(out, None);
-                        }
+                    }
+                }
+                Effect::Continue {
+                    stream,
+                    set_headers,
+                } => {
+                    if self.enter(stream, &set_headers) {
+                        self.go_on(stream);
                     }
                 }
                 Effect::Reply { stream, rejection } => {
@@ -99,6 +95,41 @@ impl Plugin {
         }
         if let Some(id) = current {
             let _ = hostcalls::set_effective_context(id);
+        }
+    }
+}
+
+impl Plugin {
+    /// Makes a paused stream current and sets these request headers on it;
+    /// false if it is gone (then what it may hold is given back).
+    fn enter(&self, stream: u32, set_headers: &[(String, String)]) -> bool {
+        if hostcalls::set_effective_context(stream).is_err() {
+            if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
+                self.apply(out, None);
+            }
+            return false;
+        }
+        for (name, value) in set_headers {
+            let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));
+        }
+        true
+    }
+
+    /// The later stages decide on a parked stream (current now), and their
+    /// verdict is carried out as in `on_http_request_headers`.
+    fn go_on(&self, stream: u32) {
+        let req = HostRequest::default();
+        let Some((verdict, out)) = self.call(|p, env| p.resume(env, stream, &req)) else {
+            let _ = hostcalls::resume_http_request();
+            return;
+        };
+        self.apply(out, Some(stream));
+        match verdict {
+            Verdict::Continue => {
+                let _ = hostcalls::resume_http_request();
+            }
+            Verdict::Reply(r) => reply::send(&r, self.reason_header()),
+            Verdict::Pause => {}
         }
     }
 }

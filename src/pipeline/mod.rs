@@ -17,6 +17,7 @@
 //! queued or in flight, a configuration replaced mid-stream); a request
 //! refused by one stage spends nothing in the others.
 
+mod park;
 pub mod stage;
 pub mod telemetry;
 #[cfg(test)]
@@ -25,6 +26,7 @@ mod tests;
 pub use stage::{Cx, Decision, Effect, Env, Stage, Step, StreamId};
 
 use crate::config::{Config, ConfigError, ResponseSpec};
+use crate::hash::FastMap;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -36,6 +38,10 @@ pub const SLOW_TICK: Duration = Duration::from_millis(100);
 /// The tick period while requests wait: a slot freed on another worker is
 /// used within about a millisecond.
 pub const FAST_TICK: Duration = Duration::from_millis(1);
+
+/// The bit of `Stream::holds` of a stream that a stage before the last
+/// paused: the pipeline keeps what it holds (see `park.rs`).
+const PARKED: u64 = 1 << 63;
 
 /// What the host keeps per stream for the pipeline.
 #[derive(Debug, Default)]
@@ -80,6 +86,8 @@ pub struct Pipeline {
     rng: SplitMix,
     fast_tick: bool,
     response: ResponseSpec,
+    /// Streams paused by a stage before the last, by id.
+    parked: FastMap<StreamId, park::Parked>,
     /// The metrics every stage defined.
     pub metrics: Registry,
 }
@@ -113,6 +121,7 @@ impl Pipeline {
             rng: SplitMix(rng),
             fast_tick: false,
             response: config.response.clone(),
+            parked: FastMap::default(),
             metrics,
         })
     }
@@ -144,6 +153,9 @@ impl Pipeline {
         let r = f(&mut self.stages, &mut cx);
         let changed = cx.tick_changed;
         let tick = if changed { self.retick() } else { None };
+        if !self.parked.is_empty() {
+            self.route(&mut effects);
+        }
         (r, Outcome { effects, tick })
     }
 
@@ -173,27 +185,11 @@ impl Pipeline {
         stream: &mut Stream,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        self.with_cx(env, |stages, cx| {
-            for (i, stage) in stages.iter_mut().enumerate() {
-                let d = stage.request(cx, stream.id, req);
-                if d.held {
-                    stream.holds |= 1 << i;
-                }
-                match d.step {
-                    Step::Continue => {
-                        if !d.response_headers.is_empty() {
-                            stream.response_headers = d.response_headers;
-                        }
-                    }
-                    Step::Pause => return Verdict::Pause,
-                    Step::Reply(r) => {
-                        release(stages, cx, stream);
-                        return Verdict::Reply(r);
-                    }
-                }
-            }
-            Verdict::Continue
-        })
+        let ((verdict, at), out) = self.with_cx(env, |stages, cx| run(stages, cx, stream, 0, req));
+        if verdict == Verdict::Pause {
+            self.park(stream, at);
+        }
+        (verdict, out)
     }
 
     /// The response headers: the stages holding something for the stream
@@ -205,6 +201,9 @@ impl Pipeline {
         resp: &dyn ResponseView,
     ) -> (Vec<(&'static str, String)>, Outcome) {
         if stream.holds != 0 {
+            if stream.holds & PARKED != 0 {
+                self.unpark(stream);
+            }
             let ((), out) = self.with_cx(env, |stages, cx| {
                 for (i, stage) in stages.iter_mut().enumerate() {
                     if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
@@ -225,6 +224,9 @@ impl Pipeline {
     pub fn end(&mut self, env: &mut Env<'_>, stream: &mut Stream) -> Outcome {
         if stream.holds == 0 {
             return Outcome::default();
+        }
+        if stream.holds & PARKED != 0 {
+            self.unpark(stream);
         }
         let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, stream));
         out
@@ -258,6 +260,36 @@ impl Pipeline {
         });
         out
     }
+}
+
+/// Runs stages `from..` on the request, noting in `stream` which hold
+/// something for it; the verdict, and the stage that gave it.
+fn run(
+    stages: &mut [Box<dyn Stage>],
+    cx: &mut Cx<'_, '_>,
+    stream: &mut Stream,
+    from: usize,
+    req: &dyn RequestView,
+) -> (Verdict, usize) {
+    for (i, stage) in stages.iter_mut().enumerate().skip(from) {
+        let d = stage.request(cx, stream.id, req);
+        if d.held {
+            stream.holds |= 1 << i;
+        }
+        match d.step {
+            Step::Continue => {
+                if !d.response_headers.is_empty() {
+                    stream.response_headers = d.response_headers;
+                }
+            }
+            Step::Pause => return (Verdict::Pause, i),
+            Step::Reply(r) => {
+                release(stages, cx, stream);
+                return (Verdict::Reply(r), i);
+            }
+        }
+    }
+    (Verdict::Continue, stages.len())
 }
 
 /// Tells every stage holding something for the stream that it ended, and

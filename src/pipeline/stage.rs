@@ -37,6 +37,14 @@ pub enum Effect {
         stream: StreamId,
         set_headers: Vec<(String, String)>,
     },
+    /// The paused stream goes on to the stages after the one that paused
+    /// it: set these request headers, then call `Pipeline::resume` with
+    /// its request and carry out the verdict. (The pipeline turns a stage's
+    /// `Resume` into this when later stages have yet to see the request.)
+    Continue {
+        stream: StreamId,
+        set_headers: Vec<(String, String)>,
+    },
 }
 
 /// A stage's decision on a request.
