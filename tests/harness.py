@@ -328,6 +328,10 @@ class SlowUpstream:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:
             return json.loads(r.read())
 
+    def reset_peaks(self):
+        """Each tenant's peak starts again from its requests in flight now."""
+        urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__reset", timeout=5).close()
+
 
 def assert_burst_within_limit(port, limit, n=100, workers=2):
     """n requests at once on n connections: never more than `limit` admitted,
