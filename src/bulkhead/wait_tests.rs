@@ -134,13 +134,13 @@ fn streams(n: u32) -> Vec<Stream> {
     (0..n).map(Stream::new).collect()
 }
 
-/// The streams an outcome resumes or lets go on, and those it answers.
+/// The streams an outcome resumes, and those it answers.
 fn fates(out: &Outcome) -> (Vec<u32>, Vec<(u32, u32)>) {
     let mut on = Vec::new();
     let mut answered = Vec::new();
     for e in &out.effects {
         match e {
-            Effect::Resume { stream, .. } | Effect::Continue { stream, .. } => on.push(*stream),
+            Effect::Resume { stream, .. } => on.push(*stream),
             Effect::Reply { stream, rejection } => answered.push((*stream, rejection.status)),
         }
     }
@@ -264,7 +264,7 @@ fn a_waiter_goes_upstream_with_its_deadline_reduced_by_the_wait() {
     w.now += 40 * MS;
     let out = w.end(0, &mut s[0]);
     // It goes on to the rate limits with the header already reduced.
-    let Some(Effect::Continue {
+    let Some(Effect::Resume {
         stream: 1,
         set_headers,
     }) = out.effects.first()
@@ -315,20 +315,20 @@ fn a_waiter_spends_nothing_later_until_it_goes_on_and_a_later_refusal_frees_its_
     // The place goes to stream 1: the rate limit now sees it.
     let out = w.end(0, &mut s[0]);
     assert_eq!(out.effects.len(), 1);
-    let Some(Effect::Continue { stream: 1, .. }) = out.effects.first() else {
+    let Some(Effect::Resume { stream: 1, .. }) = out.effects.first() else {
         panic!("goes on: {:?}", out.effects)
     };
-    let (v, _) = w.call(0, |p, env| p.resume(env, 1, &r));
+    let (v, _) = w.call(0, |p, env| p.resume(env, &mut s[1], &r));
     assert_eq!(v, Verdict::Continue);
     assert_eq!(tokens(&w), 2);
     let out = w.end(0, &mut s[1]);
-    let (v, _) = w.call(0, |p, env| p.resume(env, 2, &r));
+    let (v, _) = w.call(0, |p, env| p.resume(env, &mut s[2], &r));
     assert_eq!((fates(&out).0, v), (vec![2], Verdict::Continue));
     // The bucket (3) is empty now: the next waiter is refused by the rate
     // limit when it goes on, and its place goes back at once.
     assert_eq!(w.request(0, &mut s[3], &r).0, Verdict::Pause);
     assert_eq!(fates(&w.end(0, &mut s[2])), (vec![3], vec![]));
-    let (v, out) = w.call(0, |p, env| p.resume(env, 3, &r));
+    let (v, out) = w.call(0, |p, env| p.resume(env, &mut s[3], &r));
     assert!(
         matches!(v, Verdict::Reply(ref x) if x.status == 429),
         "{v:?}"

@@ -5,7 +5,8 @@ use super::metrics::{self, HostSink, StoreMetrics};
 use super::reply;
 use super::store::SharedData;
 use super::views::{now_ns, HostRequest};
-use crate::pipeline::{Effect, Env, Outcome, Pipeline, Verdict};
+use crate::hash::FastMap;
+use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::RefCell;
@@ -17,6 +18,9 @@ pub struct Plugin {
     pub store_metrics: StoreMetrics,
     reason_header: Option<String>,
     empty: bool,
+    /// The pipeline state of paused streams, by stream id, so that a
+    /// resume (from another stream's hook or a tick) can go on with it.
+    parked: RefCell<FastMap<u32, pipeline::Stream>>,
 }
 
 impl Plugin {
@@ -33,7 +37,20 @@ impl Plugin {
             pipeline: RefCell::new(pipeline),
             ids,
             empty,
+            parked: RefCell::default(),
         }
+    }
+
+    /// Keeps a paused stream's pipeline state until its own next hook.
+    pub fn park(&self, id: u32, state: pipeline::Stream) {
+        if let Ok(mut parked) = self.parked.try_borrow_mut() {
+            parked.insert(id, state);
+        }
+    }
+
+    /// Takes back a parked stream's state.
+    pub fn unpark(&self, id: u32) -> Option<pipeline::Stream> {
+        self.parked.try_borrow_mut().ok()?.remove(&id)
     }
 
     /// Whether no mechanism is configured.
@@ -74,16 +91,24 @@ impl Plugin {
                     stream,
                     set_headers,
                 } => {
-                    if self.enter(stream, &set_headers) {
-                        let _ = hostcalls::resume_http_request();
-                    }
-                }
-                Effect::Continue {
-                    stream,
-                    set_headers,
-                } => {
-                    if self.enter(stream, &set_headers) {
+                    if hostcalls::set_effective_context(stream).is_ok() {
+                        for (name, value) in &set_headers {
+                            let _ = hostcalls::set_map_value(
+                                MapType::HttpRequestHeaders,
+                                name,
+                                Some(value),
+                            );
+                        }
                         self.go_on(stream);
+                    } else {
+                        // The stream is gone: give back what it may hold.
+                        let out = match self.unpark(stream) {
+                            Some(mut state) => self.call(|p, env| p.end(env, &mut state)),
+                            None => self.call(|p, env| p.gone(env, stream)),
+                        };
+                        if let Some(out) = out {
+                            self.apply(out, None);
+                        }
                     }
                 }
                 Effect::Reply { stream, rejection } => {
@@ -100,37 +125,30 @@ impl Plugin {
 }
 
 impl Plugin {
-    /// Makes a paused stream current and sets these request headers on it;
-    /// false if it is gone (then what it may hold is given back).
-    fn enter(&self, stream: u32, set_headers: &[(String, String)]) -> bool {
-        if hostcalls::set_effective_context(stream).is_err() {
-            if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
-                self.apply(out, None);
-            }
-            return false;
-        }
-        for (name, value) in set_headers {
-            let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));
-        }
-        true
-    }
-
-    /// The later stages decide on a parked stream (current now), and their
-    /// verdict is carried out as in `on_http_request_headers`.
+    /// A paused stream (now the effective context) was resumed by the stage
+    /// that paused it: the later stages decide on it, then it goes on, is
+    /// answered, or waits again.
     fn go_on(&self, stream: u32) {
-        let req = HostRequest::default();
-        let Some((verdict, out)) = self.call(|p, env| p.resume(env, stream, &req)) else {
+        let Some(mut state) = self.unpark(stream) else {
             let _ = hostcalls::resume_http_request();
             return;
         };
-        self.apply(out, Some(stream));
+        let req = HostRequest::default();
+        let decided = self.call(|p, env| p.resume(env, &mut state, &req));
+        // Parked until the stream's own next hook takes it back.
+        self.park(stream, state);
+        let Some((verdict, out)) = decided else {
+            let _ = hostcalls::resume_http_request();
+            return;
+        };
         match verdict {
             Verdict::Continue => {
                 let _ = hostcalls::resume_http_request();
             }
-            Verdict::Reply(r) => reply::send(&r, self.reason_header()),
             Verdict::Pause => {}
+            Verdict::Reply(r) => reply::send(&r, self.reason_header()),
         }
+        self.apply(out, None);
     }
 }
 

@@ -13,6 +13,8 @@ pub struct Stream {
     state: pipeline::Stream,
     id: u32,
     plugin: Option<Rc<Plugin>>,
+    /// Paused: the plugin keeps the pipeline state (see `Plugin::park`).
+    parked: bool,
 }
 
 impl Stream {
@@ -23,6 +25,16 @@ impl Stream {
             state: pipeline::Stream::new(id),
             id,
             plugin,
+            parked: false,
+        }
+    }
+
+    /// Takes the pipeline state back from the plugin, if parked there.
+    fn unpark(&mut self) {
+        if std::mem::take(&mut self.parked) {
+            if let Some(state) = self.plugin.as_ref().and_then(|p| p.unpark(self.id)) {
+                self.state = state;
+            }
         }
     }
 }
@@ -35,6 +47,7 @@ impl Context for Stream {}
 /// exports, which saves two trips into the VM on every request.
 impl Drop for Stream {
     fn drop(&mut self) {
+        self.unpark();
         if let Some(plugin) = &self.plugin {
             if let Some(out) = plugin.call(|p, env| p.end(env, &mut self.state)) {
                 plugin.apply(out, Some(self.id));
@@ -56,7 +69,12 @@ impl HttpContext for Stream {
         plugin.apply(out, Some(self.id));
         match verdict {
             Verdict::Continue => Action::Continue,
-            Verdict::Pause => Action::Pause, // queued: resumed or answered later
+            Verdict::Pause => {
+                // Queued: resumed or answered later, maybe from a tick.
+                plugin.park(self.id, std::mem::take(&mut self.state));
+                self.parked = true;
+                Action::Pause
+            }
             Verdict::Reply(r) => {
                 reply::send(&r, plugin.reason_header());
                 Action::Pause
@@ -65,6 +83,7 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        self.unpark();
         let Some(plugin) = &self.plugin else {
             return Action::Continue;
         };

@@ -17,7 +17,6 @@
 //! queued or in flight, a configuration replaced mid-stream); a request
 //! refused by one stage spends nothing in the others.
 
-mod park;
 pub mod stage;
 pub mod telemetry;
 #[cfg(test)]
@@ -26,7 +25,6 @@ mod tests;
 pub use stage::{Cx, Decision, Effect, Env, Stage, Step, StreamId};
 
 use crate::config::{Config, ConfigError, ResponseSpec};
-use crate::hash::FastMap;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -39,16 +37,14 @@ pub const SLOW_TICK: Duration = Duration::from_millis(100);
 /// used within about a millisecond.
 pub const FAST_TICK: Duration = Duration::from_millis(1);
 
-/// The bit of `Stream::holds` of a stream that a stage before the last
-/// paused: the pipeline keeps what it holds (see `park.rs`).
-const PARKED: u64 = 1 << 63;
-
 /// What the host keeps per stream for the pipeline.
 #[derive(Debug, Default)]
 pub struct Stream {
     id: StreamId,
     /// Bit `i`: stage `i` holds something for this stream.
     holds: u64,
+    /// The stage that paused the stream (a resume goes on after it).
+    paused_at: Option<usize>,
     response_headers: Vec<(&'static str, String)>,
 }
 
@@ -86,8 +82,6 @@ pub struct Pipeline {
     rng: SplitMix,
     fast_tick: bool,
     response: ResponseSpec,
-    /// Streams paused by a stage before the last, by id.
-    parked: FastMap<StreamId, park::Parked>,
     /// The metrics every stage defined.
     pub metrics: Registry,
 }
@@ -121,7 +115,6 @@ impl Pipeline {
             rng: SplitMix(rng),
             fast_tick: false,
             response: config.response.clone(),
-            parked: FastMap::default(),
             metrics,
         })
     }
@@ -153,9 +146,6 @@ impl Pipeline {
         let r = f(&mut self.stages, &mut cx);
         let changed = cx.tick_changed;
         let tick = if changed { self.retick() } else { None };
-        if !self.parked.is_empty() {
-            self.route(&mut effects);
-        }
         (r, Outcome { effects, tick })
     }
 
@@ -185,11 +175,23 @@ impl Pipeline {
         stream: &mut Stream,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        let ((verdict, at), out) = self.with_cx(env, |stages, cx| run(stages, cx, stream, 0, req));
-        if verdict == Verdict::Pause {
-            self.park(stream, at);
-        }
-        (verdict, out)
+        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, 0))
+    }
+
+    /// A stream paused by a stage was resumed by it (`Effect::Resume`; the
+    /// host has set the effect's headers): the stages after that one decide
+    /// on it now, as they would have on its arrival. A stream not paused
+    /// goes on unchanged.
+    pub fn resume(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        req: &dyn RequestView,
+    ) -> (Verdict, Outcome) {
+        let Some(at) = stream.paused_at.take() else {
+            return (Verdict::Continue, Outcome::default());
+        };
+        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, at + 1))
     }
 
     /// The response headers: the stages holding something for the stream
@@ -201,9 +203,6 @@ impl Pipeline {
         resp: &dyn ResponseView,
     ) -> (Vec<(&'static str, String)>, Outcome) {
         if stream.holds != 0 {
-            if stream.holds & PARKED != 0 {
-                self.unpark(stream);
-            }
             let ((), out) = self.with_cx(env, |stages, cx| {
                 for (i, stage) in stages.iter_mut().enumerate() {
                     if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
@@ -225,9 +224,6 @@ impl Pipeline {
         if stream.holds == 0 {
             return Outcome::default();
         }
-        if stream.holds & PARKED != 0 {
-            self.unpark(stream);
-        }
         let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, stream));
         out
     }
@@ -238,7 +234,7 @@ impl Pipeline {
         let mut stream = Stream {
             id,
             holds: u64::MAX,
-            response_headers: Vec::new(),
+            ..Stream::default()
         };
         self.end(env, &mut stream)
     }
@@ -262,15 +258,16 @@ impl Pipeline {
     }
 }
 
-/// Runs stages `from..` on the request, noting in `stream` which hold
-/// something for it; the verdict, and the stage that gave it.
+/// Runs the stages from `from` on a request: each may let it go on, hold
+/// it (paused; resumed later through `Pipeline::resume`) or answer it, which
+/// releases at once what the earlier stages hold for it.
 fn run(
     stages: &mut [Box<dyn Stage>],
     cx: &mut Cx<'_, '_>,
     stream: &mut Stream,
-    from: usize,
     req: &dyn RequestView,
-) -> (Verdict, usize) {
+    from: usize,
+) -> Verdict {
     for (i, stage) in stages.iter_mut().enumerate().skip(from) {
         let d = stage.request(cx, stream.id, req);
         if d.held {
@@ -282,14 +279,17 @@ fn run(
                     stream.response_headers = d.response_headers;
                 }
             }
-            Step::Pause => return (Verdict::Pause, i),
+            Step::Pause => {
+                stream.paused_at = Some(i);
+                return Verdict::Pause;
+            }
             Step::Reply(r) => {
                 release(stages, cx, stream);
-                return (Verdict::Reply(r), i);
+                return Verdict::Reply(r);
             }
         }
     }
-    (Verdict::Continue, stages.len())
+    Verdict::Continue
 }
 
 /// Tells every stage holding something for the stream that it ended, and

@@ -30,18 +30,12 @@ pub enum Effect {
         stream: StreamId,
         rejection: Rejection,
     },
-    /// Resume the paused stream, first setting these request headers (a
-    /// deadline reduced by the wait). If the host finds it gone, it must
+    /// The paused stream may go on: the host sets these request headers (a
+    /// deadline reduced by the wait), then calls `Pipeline::resume` for it,
+    /// so that the stages after the one that paused it decide on it, and
+    /// carries out that verdict. If the host finds the stream gone, it must
     /// call `Pipeline::gone` for it (it may hold a slot).
     Resume {
-        stream: StreamId,
-        set_headers: Vec<(String, String)>,
-    },
-    /// The paused stream goes on to the stages after the one that paused
-    /// it: set these request headers, then call `Pipeline::resume` with
-    /// its request and carry out the verdict. (The pipeline turns a stage's
-    /// `Resume` into this when later stages have yet to see the request.)
-    Continue {
         stream: StreamId,
         set_headers: Vec<(String, String)>,
     },
@@ -55,7 +49,8 @@ pub enum Step {
     /// Answer the request now; nothing is spent elsewhere.
     Reply(Rejection),
     /// Hold the request (queued); the stage resumes or answers it later
-    /// through an [`Effect`].
+    /// through an [`Effect`]. On a resume, the stages after this one
+    /// decide on the request.
     Pause,
 }
 
