@@ -102,8 +102,8 @@ def settle(s, limits):
     deadline = time.time() + 3
     while True:
         time.sleep(METRICS_LAG_S)
-        got = {(n, g): s.front.stat(metric(f"sluice_bulkhead_{g}", limit=n))
-               for n in limits for g in ("in_flight", "queued")}
+        now = s.front.stats()
+        got = {(n, g): now[metric(f"sluice_bulkhead_{g}", limit=n)] for n in limits for g in ("in_flight", "queued")}
         if not any(got.values()) or time.time() > deadline:
             return got
 
@@ -157,9 +157,18 @@ def test_waiters_go_as_places_free_never_past_max_wait_and_leave_nothing_behind(
         assert all(json.loads(r.body)["error"] == "rate_limited" and t > 0.25 for r, t in refused), \
             [(r.body, t) for r, t in refused]
 
-        # Clients leaving while they wait: 3 in flight for 1 s, 6 waiters
-        # that leave after 200 ms. None reaches the upstream, nothing stays.
-        first_then([(timed, (s.port, "/w/", h("c", 1000)))] * 3, [(leave_after, (s.port, "/w/", h("c", 0), 0.2))] * 6)
+        # Clients leaving while they wait: 3 in flight for 2 s, 6 waiters
+        # that leave after 200 ms: they are out of line at once (not when a
+        # place frees), none reaches the upstream, nothing stays.
+        holders = threading.Thread(target=together, args=([(timed, (s.port, "/w/", h("c", 2000)))] * 3,))
+        holders.start()
+        time.sleep(0.2)
+        assert together([(leave_after, (s.port, "/w/", h("c", 0), 0.2))] * 6) == ["left"] * 6
+        time.sleep(METRICS_LAG_S)
+        now = s.front.stats()
+        gauge = lambda g: now[metric(f"sluice_bulkhead_{g}", limit="wait")]  # noqa: E731
+        assert (gauge("queued"), gauge("in_flight")) == (0, 3)
+        holders.join(timeout=10)
         c = up.stats()["tenants"]["c"]
         assert (c["served"], c["gone"], c["peak"]) == (3, 0, 3), c
         assert not any(settle(s, ["wait", "short"]).values())
