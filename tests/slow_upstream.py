@@ -1,13 +1,17 @@
 """A deliberately limited upstream for shedding tests: at most CAPACITY
 requests are served at once, each taking DELAY_MS; the rest wait in line,
 as they would in a real overloaded service. Run as a child process:
-    python slow_upstream.py PORT CAPACITY DELAY_MS
-It counts requests in flight and the most ever seen, served at GET /__stats,
-also per tenant (the `x-tenant` header: in flight, peak, served, gone (the
-proxy reset them before the answer), the `x-deadline-ms` values they came
-with, and each request's [start, end, gone]); GET /__reset clears the peaks
-and intervals. A
-request's `x-sleep-ms` header replaces DELAY_MS for it.
+    python slow_upstream.py PORT CAPACITY DELAY_MS [blind]
+A request's `x-sleep-ms` header replaces DELAY_MS for it. A request the
+proxy resets (its client left) stops counting as in flight at once, unless
+`blind`: then it is served in full all the same (work done for nobody, as
+by a service that does not notice cancellations).
+
+GET /__stats: requests received, in flight, the most ever in flight, served;
+and per tenant (the `x-tenant` header) in flight, peak, served, gone (reset
+before the answer), the `x-deadline-ms` values they came with and each
+request's [start, end, gone]. GET /__reset clears the tenants' peaks and
+intervals.
 """
 
 import json
@@ -19,9 +23,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, CAPACITY, DELAY_MS = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+BLIND = sys.argv[4:5] == ["blind"]
 slots = threading.Semaphore(CAPACITY)
 lock = threading.Lock()
-stats = {"served": 0, "in_flight": 0, "max_in_flight": 0, "tenants": {}}
+stats = {"received": 0, "served": 0, "in_flight": 0, "max_in_flight": 0, "tenants": {}}
 
 
 def tenant(t):
@@ -40,6 +45,9 @@ class Handler(BaseHTTPRequestHandler):
         """Sleeps, unless the proxy closes the connection first (it resets
         the request: a client gone): then returns True at once, so that a
         request no longer in flight is no longer counted as such."""
+        if BLIND:
+            time.sleep(seconds)
+            return False
         end = time.time() + seconds
         poll = select.poll()  # not select(): descriptors may pass 1024 here
         poll.register(self.connection, select.POLLIN | select.POLLHUP)
@@ -64,6 +72,8 @@ class Handler(BaseHTTPRequestHandler):
                     t["intervals"] = []
             body = b"reset\n"
         else:
+            with lock:
+                stats["received"] += 1
             t = self.headers.get("x-tenant")
             sleep_ms = int(self.headers.get("x-sleep-ms", DELAY_MS))
             with slots:
