@@ -33,7 +33,8 @@ const A: &str = r#"{"rate_limits":[{"name":"r","key":[{"header":"x-k"}],
   "priority":{"header":"x-prio"}},
   {"name":"lat","match":{"path_prefix":"/l"},"target":"5ms","interval":"20ms"}],
  "concurrency_limits":[{"name":"c","key":[{"header":"x-k"}],"max":3,"max_keys":8,
-  "max_wait":"30ms","queue":2}]}"#;
+  "max_wait":"30ms","queue":2},
+  {"name":"d","match":{"path_prefix":"/q"},"key":[{"header":"x-dep"}],"max":2,"max_wait":"20ms"}]}"#;
 
 fn config_b() -> String {
     A.replace(
@@ -368,8 +369,10 @@ fn lifecycle(seed: u64) -> (u32, u32, i64) {
     for g in ["in_flight", "queued"] {
         let name = format!("domain=.=default;.;shedder=.=q;.;sluice_shed_{g}");
         assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
-        let name = format!("domain=.=default;.;limit=.=c;.;sluice_bulkhead_{g}");
-        assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
+        for limit in ["c", "d"] {
+            let name = format!("domain=.=default;.;limit=.={limit};.;sluice_bulkhead_{g}");
+            assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
+        }
     }
     let waited = sim.gauge(
         "domain=.=default;.;limit=.=c;.;result=.=queued_admitted;.;sluice_bulkhead_requests_total",
