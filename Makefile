@@ -118,9 +118,11 @@ oci: build
 
 # Benchmark (bench/bench.py): no filter vs native local_ratelimit vs sluice,
 # interleaved rounds on localhost, then refused requests per second (sluice
-# vs native, every request refused), about 8 minutes; writes
+# vs native, every request refused), then goodput under overload and under a
+# retry storm (with and without a retry budget), about 9 minutes; writes
 # bench/results/latest.{json,md}. `make bench BENCH_ARGS=--breakdown` runs
-# the hot-path breakdown instead (bench/results/breakdown.{json,md}).
+# the hot-path breakdown instead (bench/results/breakdown.{json,md});
+# BENCH_ARGS=--retry-storm only the retry storm (bench/results/retry-storm.*).
 BENCH_ARGS ?=
 bench: build $(ENVOY)
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)

@@ -9,6 +9,7 @@ out the waits on wrk and the upstream that make wrk's p99 noise here.
     python bench/bench.py               # the default run (about 5 minutes)
     python bench/bench.py --breakdown   # where a sluice request's time goes
     python bench/bench.py --quick       # 1 s rounds, 1 round: a smoke test
+    python bench/bench.py --retry-storm # only the retry storm (bench/retry_storm.py)
 
 Real Envoys only (tests/harness.py starts them as children, each with its own
 --base-id and ports, and stops them), real wrk, the built sluice.wasm.
@@ -677,6 +678,8 @@ def env_info(args, wasm_size):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--breakdown", action="store_true", help="run the hot-path breakdown experiment instead")
+    ap.add_argument("--retry-storm", action="store_true",
+                    help="run only the retry storm (goodput with and without a retry budget)")
     ap.add_argument("--quick", action="store_true", help="1 s rounds, 1 round, short accuracy: a smoke test")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per scenario (3; 6 with --breakdown)")
     ap.add_argument("--duration", type=int, default=None,
@@ -698,6 +701,10 @@ def main():
     if args.quick:
         args.rounds, args.duration, args.warmup, args.acc_duration = 1, 1, 1, 2
     name = args.out or ("breakdown" if args.breakdown else "latest")
+    if args.retry_storm:
+        import retry_storm  # noqa: E402  (bench/ is on sys.path)
+        retry_storm.main()
+        return
 
     if not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install -y wrk (make bench does this)")
@@ -763,9 +770,12 @@ def main():
 
     print(f"\nOverload: 8 clients on an upstream serving 4 at a time (2x), 4 s, --concurrency 2")
     over = overload()
+    import retry_storm  # noqa: E402  (bench/ is on sys.path)
+    print()
+    storm = retry_storm.run()
 
     g = goals(agg, pagg, acc, exact, {"paced": prows, "saturated": rows}, ragg)
-    result = {"info": info, "mode": "default", "overload": over, "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
+    result = {"info": info, "mode": "default", "overload": over, "retry_storm": storm, "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
                                                             for sc in SCENARIOS],
               "summary": agg, "paced_summary": pagg, "accuracy": acc, "exactness": exact, "goals": g,
               "refusals": ragg, "refusal_rounds": rrows,
@@ -845,6 +855,10 @@ def write_default(name, r):
     for o in r.get("overload", []):
         md.append(f"| {o['setup']} | {o['goodput_rps']:.0f} | {o['shed_rps']:.0f} | {o['p50_ms']:.1f} | "
                   f"{o['p99_ms']:.1f} |")
+    if r.get("retry_storm"):
+        import retry_storm  # noqa: E402  (bench/ is on sys.path)
+        md += ["", "## Goodput under a retry storm, with and without a retry budget", "",
+               retry_storm.describe(), "", retry_storm.markdown(r["retry_storm"])]
     md += ["", "## Goals", "", goals_md(r["goals"]), ""]
     (RESULTS / f"{name}.md").write_text("\n".join(md))
     print(f"wrote {RESULTS.relative_to(ROOT)}/{name}.json and {name}.md")

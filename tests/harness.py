@@ -300,12 +300,13 @@ def validate(plugin_config):
 
 class SlowUpstream:
     """tests/slow_upstream.py as a child process on a free port: at most
-    `capacity` requests served at once, each taking `delay_ms`; GET /__stats
-    tells the most it ever had in flight (`stats()`)."""
+    `capacity` requests served at once, each taking `delay_ms` (served in
+    full even when the proxy resets them, if `blind`); GET /__stats tells
+    the most it ever had in flight (`stats()`)."""
 
-    def __init__(self, capacity, delay_ms):
+    def __init__(self, capacity, delay_ms, blind=False):
         self.port = free_port()
-        self.args = [str(self.port), str(capacity), str(delay_ms)]
+        self.args = [str(self.port), str(capacity), str(delay_ms)] + (["blind"] if blind else [])
         self.proc = None
 
     def __enter__(self):
@@ -327,6 +328,10 @@ class SlowUpstream:
     def stats(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:
             return json.loads(r.read())
+
+    def reset_peaks(self):
+        """Each tenant's peak starts again from its requests in flight now."""
+        urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__reset", timeout=5).close()
 
 
 def assert_burst_within_limit(port, limit, n=100, workers=2):

@@ -20,6 +20,9 @@ BAD = [
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"max_keys":0}]}', "rate_limits[0].max_keys: must be greater than 0"),
     ("not json", "invalid configuration: the configuration must be a JSON object"),
     ('{"retry_budgets":[{"name":"r","ratio":20}]}', "retry_budgets[0].ratio: must be between 0 and 10"),
+    ('{"concurrency_limits":[{"name":"c","max":2,"max_wait":"soon"}]}', "concurrency_limits[0].max_wait: `soon`"),
+    ('{"concurrency_limits":[{"name":"c","max":2,"max_wait":"1s","queue":1000000}]}',
+     "concurrency_limits[0].queue: must be at most 100000"),
     # Strict: nothing after the object, and an object wherever the docs say one.
     ('{"rate_limits":[{"name":"a",' + BUCKET + '}]} trailing', "unexpected data after the configuration object"),
     ('{"rate_limits":[]}{"rate_limits":[{"name":"a",' + BUCKET + '}]}', "unexpected data after the configuration object"),

@@ -58,11 +58,12 @@ UNDRIVEN = {"SluiceRateLimitStoreFailures", "SluiceBreakerStoreFailures"}
 # Panel queries the traffic below leaves at 0 (every other one must show a
 # value above 0): shadow rules, CAS conflicts and stale reads (chance), store
 # failures and corrupt slots (see UNDRIVEN), probes (the breaker stays
-# open), and the gauges of a shedder that has gone idle.
+# open), and the gauges of a shedder or bulkhead that has gone idle.
 MAY_BE_ZERO = {
     ("Refusal ratio per rule", "B"),
     ("Bulkhead places held", "A"),
     ("Bulkhead places held", "B"),
+    ("Bulkhead places held", "C"),
     ("Store failures and corrupt state", "D"),
     ("Collisions and CAS retries", "B"),
     ("Store failures and corrupt state", "A"),

@@ -10,13 +10,21 @@
 //! late. A decrement that fails is retried on the next tick, so a store
 //! hiccup never shrinks a key's limit for good; an increment that fails
 //! lets the request through without a slot (fail open), counted.
+//!
+//! With a `max_wait`, a request over the limit waits, paused, in a line per
+//! key on its worker (`queue.rs`, `wait.rs`) until a place frees or its
+//! time is up; waiters of a key on one worker are served in arrival order.
 
 pub mod codec;
 pub mod config;
+pub mod queue;
 pub mod reply;
 pub mod stage;
 #[cfg(test)]
 mod tests;
+mod wait;
+#[cfg(test)]
+mod wait_tests;
 
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Config, ConfigError};
@@ -122,21 +130,31 @@ impl Bulkheads {
 
     /// Admits the request at limit `b` if its key has a place.
     pub fn admit(&mut self, store: &dyn Store, b: usize, req: &dyn RequestView) -> Admission {
-        let Some(rule) = self.rules.get(b) else {
-            return Admission::Free;
-        };
-        let spec = &rule.spec;
-        let Some(p) = place(
+        match self.place_of(b, req) {
+            Some(slot) => self.take(store, b, slot),
+            None => Admission::Free,
+        }
+    }
+
+    /// The slot of limit `b`'s table the request's key lives in; `None`
+    /// when the key is missing and the limit skips such requests.
+    pub fn place_of(&self, b: usize, req: &dyn RequestView) -> Option<u32> {
+        let spec = &self.rules.get(b)?.spec;
+        let p = place(
             &spec.key,
             spec.on_missing_key,
             self.seed,
             self.table_len(b),
             req,
-        ) else {
+        )?;
+        Some(p.slots().first().copied().unwrap_or(0))
+    }
+
+    /// Takes a place in slot `slot` of limit `b` if it has one free.
+    pub fn take(&mut self, store: &dyn Store, b: usize, slot: u32) -> Admission {
+        let Some(max) = self.rules.get(b).map(|r| r.spec.max) else {
             return Admission::Free;
         };
-        let slot = p.slots().first().copied().unwrap_or(0);
-        let max = spec.max;
         let key = self.slot_key(b, slot);
         let failures = &mut self.store_failures;
         let got = update(store, &key, self.max_retries, |found| {

@@ -1,10 +1,14 @@
 //! Concurrency limits per key in the pipeline, after retry budgets and
 //! before rate limits (a request refused here spends no token; one refused
 //! by a rate limit gives its slot back at once): holds each admitted
-//! stream's slots until the stream ends, however it ends.
+//! stream's slots until the stream ends, however it ends. A request over a
+//! limit with a `max_wait` waits, paused, for a place (see `wait.rs`); the
+//! later stages see it only once it has every place.
 
+use super::queue::{Place, Queues, Waiter};
 use super::{Admission, Bulkheads};
 use crate::config::{Config, ConfigError};
+use crate::deadline::config::DeadlineSpec;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -12,20 +16,39 @@ use crate::request::RequestView;
 
 /// Metric ids of one limit (labels `domain`, `limit`).
 #[derive(Default, Clone, Copy)]
-struct OneLimit {
-    admitted: MetricId,
-    limited: MetricId,
-    in_flight: MetricId,
+pub(super) struct OneLimit {
+    pub admitted: MetricId,
+    pub limited: MetricId,
+    pub queued_admitted: MetricId,
+    pub timed_out: MetricId,
+    pub in_flight: MetricId,
+    pub queued: MetricId,
 }
 
 /// The bulkhead stage of one configuration.
 pub struct BulkheadStage {
-    bulkheads: Bulkheads,
-    jitter_ns: u64,
-    metrics: Vec<OneLimit>,
-    store_failures: MetricId,
+    pub(super) bulkheads: Bulkheads,
+    pub(super) jitter_ns: u64,
+    pub(super) metrics: Vec<OneLimit>,
+    pub(super) store_failures: MetricId,
     /// Slots held, by stream: (limit, slot).
-    held: FastMap<StreamId, Vec<(usize, u32)>>,
+    pub(super) held: FastMap<StreamId, Vec<Place>>,
+    /// This worker's waiters.
+    pub(super) queues: Queues,
+    /// The `deadlines` section, if any: nobody waits past their deadline.
+    pub(super) deadlines: Option<DeadlineSpec>,
+    /// Defined only with a `deadlines` section.
+    pub(super) deadline_refused: Option<MetricId>,
+}
+
+/// A request's fate at one limit.
+pub(super) enum Took {
+    /// It has a place (or needs none).
+    Yes,
+    /// It must wait for one, and the line has room.
+    Wait,
+    /// Refused: full, and no waiting (or no room to wait).
+    No,
 }
 
 /// The stage, if the configuration has concurrency limits.
@@ -45,19 +68,23 @@ pub fn build(
                 ("domain", config.domain.as_str()),
                 ("limit", l.name.as_str()),
             ];
-            let [admitted, limited] = reg.variants(
+            let [admitted, limited, queued_admitted, timed_out] = reg.variants(
                 "sluice_bulkhead_requests_total",
                 &labels,
                 "result",
-                ["admitted", "limited"],
+                ["admitted", "limited", "queued_admitted", "timed_out"],
             );
             OneLimit {
                 admitted,
                 limited,
+                queued_admitted,
+                timed_out,
                 in_flight: reg.labelled(Kind::Gauge, "sluice_bulkhead_in_flight", &labels),
+                queued: reg.labelled(Kind::Gauge, "sluice_bulkhead_queued", &labels),
             }
         })
         .collect();
+    let waits = config.concurrency_limits.iter().any(|l| l.wait.is_some());
     Ok(Some(Box::new(BulkheadStage {
         bulkheads: Bulkheads::new(config, seed)?,
         jitter_ns: config.response.retry_after_jitter_ns,
@@ -68,32 +95,146 @@ pub fn build(
             &[("domain", config.domain.as_str())],
         ),
         held: FastMap::default(),
+        queues: Queues::default(),
+        deadlines: config.deadlines.clone(),
+        deadline_refused: config.deadlines.as_ref().filter(|_| waits).map(|_| {
+            reg.labelled(
+                Kind::Counter,
+                "sluice_deadline_refused_total",
+                &[("domain", config.domain.as_str())],
+            )
+        }),
     })))
 }
 
 impl BulkheadStage {
-    fn m(&self, b: usize) -> OneLimit {
+    pub(super) fn m(&self, b: usize) -> OneLimit {
         self.metrics.get(b).copied().unwrap_or_default()
     }
 
-    fn count_failures(&self, cx: &mut Cx<'_, '_>, before: u64) {
+    pub(super) fn count_failures(&self, cx: &mut Cx<'_, '_>, before: u64) {
         let n = self.bulkheads.store_failures - before;
         if n > 0 {
             cx.add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
-    /// Gives back every slot the stream holds.
-    fn release(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
-        let Some(slots) = self.held.remove(&id) else {
-            return;
+    /// Takes stream `id` a place at limit `b` (`slot`: where its key
+    /// lives; `None`: it has no key there and needs no place), unless
+    /// the limit is full, or others wait there on this worker (then it
+    /// waits behind them, if the limit lets requests wait).
+    pub(super) fn take(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        id: StreamId,
+        b: usize,
+        slot: Option<u32>,
+    ) -> Took {
+        let m = self.m(b);
+        let Some(slot) = slot else {
+            cx.add(m.admitted, 1);
+            return Took::Yes;
         };
-        let before = self.bulkheads.store_failures;
-        for (b, slot) in slots {
-            self.bulkheads.release(cx.store(), b, slot);
-            cx.add(self.m(b).in_flight, -1);
+        let wait = self.bulkheads.rules.get(b).and_then(|r| r.spec.wait);
+        let queued = match wait {
+            Some(_) if !self.queues.is_empty() => self.queues.waiting_at((b, slot)),
+            _ => 0,
+        };
+        let got = if queued > 0 {
+            Admission::Full
+        } else {
+            self.bulkheads.take(cx.store(), b, slot)
+        };
+        match got {
+            Admission::Holds { slot } => {
+                self.held.entry(id).or_default().push((b, slot));
+                cx.add(m.admitted, 1);
+                cx.add(m.in_flight, 1);
+                Took::Yes
+            }
+            Admission::Free => {
+                cx.add(m.admitted, 1);
+                Took::Yes
+            }
+            Admission::Full => match wait {
+                Some(w) if queued < w.queue as usize => Took::Wait,
+                _ => {
+                    cx.add(m.limited, 1);
+                    Took::No
+                }
+            },
         }
-        self.count_failures(cx, before);
+    }
+
+    /// The answer to a request refused at limit `b` (over its limit, or
+    /// its time to wait is up).
+    pub(super) fn rejection(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        b: usize,
+    ) -> Option<crate::reply::Rejection> {
+        let spec = &self.bulkheads.rules.get(b)?.spec;
+        Some(super::reply::rejection(
+            &spec.name,
+            spec.max,
+            spec.status,
+            self.jitter_ns,
+            cx.rng,
+        ))
+    }
+
+    /// Puts an arrival that must wait at limit `b` in line, with the
+    /// places of the limits after it.
+    fn wait(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        id: StreamId,
+        (b, slot): (usize, Option<u32>),
+        req: &dyn RequestView,
+    ) {
+        let mut places = vec![(b, slot)];
+        for (c, rule) in self.bulkheads.rules.iter().enumerate().skip(b + 1) {
+            if rule.spec.matcher.matches(req) {
+                places.push((c, self.bulkheads.place_of(c, req)));
+            }
+        }
+        let now = cx.now_ms();
+        let max_wait = self
+            .bulkheads
+            .rules
+            .get(b)
+            .and_then(|r| r.spec.wait)
+            .map_or(0, |w| w.max_wait_ms);
+        let deadline = self
+            .deadlines
+            .as_ref()
+            .and_then(|d| crate::deadline::read(d, req));
+        let by_wait = now.saturating_add(max_wait);
+        let by_deadline = deadline
+            .as_ref()
+            .map(|d| now.saturating_add(d.remaining_ms))
+            .filter(|&at| at < by_wait);
+        self.park(
+            cx,
+            id,
+            Waiter {
+                places,
+                at: 0,
+                since_ms: now,
+                until_ms: by_deadline.unwrap_or(by_wait),
+                by_deadline: by_deadline.is_some(),
+                deadline,
+            },
+        );
+    }
+
+    /// Puts a waiter in its place's line.
+    pub(super) fn park(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
+        if let Some((b, _)) = w.place() {
+            cx.add(self.m(b).queued, 1);
+        }
+        self.queues.push(id, w);
+        cx.tick_changed = true;
     }
 }
 
@@ -113,30 +254,22 @@ impl Stage for BulkheadStage {
             if !rule.spec.matcher.matches(req) {
                 continue;
             }
-            match self.bulkheads.admit(cx.store(), b, req) {
-                Admission::Holds { slot } => {
-                    self.held.entry(id).or_default().push((b, slot));
-                    cx.add(self.m(b).admitted, 1);
-                    cx.add(self.m(b).in_flight, 1);
+            let slot = self.bulkheads.place_of(b, req);
+            match self.take(cx, id, b, slot) {
+                Took::Yes => {}
+                Took::Wait => {
+                    self.wait(cx, id, (b, slot), req);
+                    self.count_failures(cx, before);
+                    return Decision::of(Step::Pause, true);
                 }
-                Admission::Free => cx.add(self.m(b).admitted, 1),
-                Admission::Full => {
-                    cx.add(self.m(b).limited, 1);
+                Took::No => {
                     self.count_failures(cx, before);
                     // Slots taken at earlier limits go back at once.
                     self.release(cx, id);
-                    let spec = self.bulkheads.rules.get(b).map(|r| r.spec.clone());
-                    let Some(spec) = spec else {
-                        return Decision::pass();
+                    return match self.rejection(cx, b) {
+                        Some(r) => Decision::of(Step::Reply(r), false),
+                        None => Decision::pass(),
                     };
-                    let r = super::reply::rejection(
-                        &spec.name,
-                        spec.max,
-                        spec.status,
-                        self.jitter_ns,
-                        cx.rng,
-                    );
-                    return Decision::of(Step::Reply(r), false);
                 }
             }
         }
@@ -154,10 +287,21 @@ impl Stage for BulkheadStage {
     }
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        if !self.queues.is_empty() {
+            self.cancel(cx, id);
+        }
         self.release(cx, id);
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         self.bulkheads.retry_failed(cx.store());
+        if !self.queues.is_empty() {
+            self.wake(cx);
+        }
+    }
+
+    /// Waiters poll for a place freed on another worker.
+    fn wants_fast_tick(&self) -> bool {
+        !self.queues.is_empty()
     }
 }
