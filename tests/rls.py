@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness import free_port, stop_child, wait_ready
+from harness import cluster, free_port, stop_child, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 RLS_BIN = Path(os.environ.get("SLUICE_RLS_BIN", ROOT / "rls/target/debug/sluice-rls"))
@@ -53,7 +53,7 @@ class Redis:
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         logs = lambda: self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        if not _wait_tcp(self.port, 10, self.proc, "redis-server", logs) or self.command("PING") != "+PONG":
+        if not _wait_tcp(self.port, 10, self.proc, "redis-server", logs) or self.command("PING") != "PONG":
             self.stop()
             raise RuntimeError(f"redis-server did not start:\n{logs()[-4000:]}")
         return self
@@ -62,17 +62,33 @@ class Redis:
         stop_child(self.proc, 5)
 
     def command(self, *args):
-        """One command in RESP; returns the first line of the reply."""
+        """One command in RESP: a simple string, an integer or a bulk
+        string's value (None for a nil); an error raises; an array comes
+        back as the raw text of its first reply chunk (for messages)."""
         out = f"*{len(args)}\r\n" + "".join(f"${len(str(a))}\r\n{a}\r\n" for a in args)
         with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
             s.sendall(out.encode())
             reply = b""
-            while b"\r\n" not in reply:
+            while True:
+                lines = reply.split(b"\r\n")
+                head = lines[0].decode() if len(lines) > 1 else ""
+                if head[:1] in ("+", "-", ":", "*") or head == "$-1":
+                    break
+                if head[:1] == "$" and len(lines) > 2 and len(lines[1]) >= int(head[1:]):
+                    break
                 chunk = s.recv(4096)
                 if not chunk:
-                    break
+                    raise ConnectionError(f"redis closed the connection after {reply!r}")
                 reply += chunk
-        return reply.split(b"\r\n")[0].decode()
+        if head[0] == "-":
+            raise RuntimeError(f"redis: {head[1:]}")
+        if head[0] == ":":
+            return int(head[1:])
+        if head[0] == "$":
+            return None if head == "$-1" else lines[1].decode()
+        if head[0] == "*":
+            return reply.decode(errors="replace")
+        return head[1:]
 
     def __enter__(self):
         return self.start()
@@ -126,21 +142,14 @@ class RlsServer:
 
 def rls_cluster(name, port):
     """An Envoy cluster for a gRPC service: HTTP/2 to 127.0.0.1:port."""
-    return {
-        "name": name,
-        "connect_timeout": "1s",
-        "type": "STATIC",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}],
-        },
+    c = cluster(name, port)
+    c["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
     }
+    return c
 
 
 def ratelimit_filter(domain, cluster="rls", timeout="1s", **extra):
@@ -170,10 +179,10 @@ def header_action(header, key):
     return {"request_headers": {"header_name": header, "descriptor_key": key}}
 
 
-def wait_out_window_edge(unit_s=60, margin_s=5):
+def wait_out_window_edge(unit_s=60, margin_s=10):
     """Sleeps past the next window boundary if fewer than `margin_s` seconds
-    of the current fixed window are left, so that a short test stays in one
-    window."""
+    of the current fixed window are left, so that the requests of a short
+    test (call it once everything has started) stay in one window."""
     left = unit_s - time.time() % unit_s
     if left < margin_s:
         time.sleep(left + 0.05)
