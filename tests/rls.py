@@ -91,7 +91,11 @@ class Redis:
         return head[1:]
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except Exception:
+            self.dir.cleanup()
+            raise
 
     def __exit__(self, *exc):
         self.stop()
