@@ -67,10 +67,15 @@ ADAPTIVE_SETUPS = [
     ("nothing", None),
     ("native adaptive_concurrency", native_adaptive()),
     ("sluice, hand-set limit 4", wasm_filter(shedder({"max": 4, "queue": 64, "max_wait": "50ms"}))),
+    ("sluice, max: auto, no queue", wasm_filter(shedder({"max": "auto", "queue": 0,
+                                                         "adaptive": {"min": 1, "max": 64, "initial": 4}}))),
     ("sluice, max: auto", wasm_filter(shedder({"max": "auto", "queue": 64, "max_wait": "50ms",
                                                "adaptive": {"min": 1, "max": 64, "initial": 4}}))),
     ("sluice, max: auto, shares 50/35/15", wasm_filter(shedder(
         {"max": "auto", "queue": 64, "max_wait": "50ms", "adaptive": {"min": 1, "max": 64, "initial": 4}},
+        shares={"critical": 50, "default": 35, "sheddable": 15}))),
+    ("sluice, max: auto, shares, max_wait 500ms", wasm_filter(shedder(
+        {"max": "auto", "queue": 64, "max_wait": "500ms", "adaptive": {"min": 1, "max": 64, "initial": 4}},
         shares={"critical": 50, "default": 35, "sheddable": 15}))),
 ]
 
