@@ -21,14 +21,12 @@ These are measurements, printed with the goals next to them, not timed tests.
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import http1  # noqa: E402
-from harness import Envoy, free_port, front_bootstrap, wasm_filter  # noqa: E402
-from test_adaptive import CapacityUpstream  # noqa: E402
+from harness import CapacityUpstream, Envoy, free_port, front_bootstrap, wasm_filter  # noqa: E402
+from test_adaptive import Load  # noqa: E402
 
 CLASSES = ("critical", "default", "sheddable")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -90,43 +88,10 @@ BREAKER_SETUPS = [
 ]
 
 
-class Clients:
-    """Closed-loop clients; each result is (sent_at, latency_s, status, class)."""
-
-    def __init__(self, port, n):
-        self.port, self.n = port, n
-        self.stop = threading.Event()
-        self.results = []
-        self.lock = threading.Lock()
-
-    def run(self, i):
-        cls = CLASSES[i % 3]
-        c = http1.Conn(self.port)
-        while not self.stop.is_set():
-            t = time.time()
-            try:
-                r = c.request("/", {"x-priority": cls})
-            except OSError:
-                c.close()
-                c = http1.Conn(self.port)
-                continue
-            with self.lock:
-                self.results.append((t, time.time() - t, r.status, cls))
-            if r.header("connection") == "close":
-                c.close()
-                c = http1.Conn(self.port)
-        c.close()
-
-    def __enter__(self):
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(self.n)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+def Clients(port, n):
+    """Closed-loop clients, a third of each class; each result is
+    (sent_at, latency_s, status, client), the class being CLASSES[client % 3]."""
+    return Load(port, n, lambda i: {"x-priority": CLASSES[i % 3]})
 
 
 def pct(xs, q):
@@ -185,7 +150,7 @@ def run_adaptive(phase_s=5.0, clients=32):
         row = {"setup": label, "goodput_rps": len(ok) / (stop - start - 0.5),
                "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5)}
         for cls in CLASSES:
-            lat = [r[1] for r in ok if r[3] == cls]
+            lat = [r[1] for r in ok if CLASSES[r[3] % 3] == cls]
             row[f"{cls}_p50_ms"], row[f"{cls}_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
             row[f"{cls}_goodput_rps"] = len(lat) / (stop - start - 0.5)
         ends = changes[1:] + [stop]

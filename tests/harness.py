@@ -298,19 +298,20 @@ def validate(plugin_config):
     return p.returncode == 0, p.stdout + p.stderr
 
 
-class SlowUpstream:
-    """tests/slow_upstream.py as a child process on a free port: at most
-    `capacity` requests served at once, each taking `delay_ms` (served in
-    full even when the proxy resets them, if `blind`); GET /__stats tells
-    the most it ever had in flight (`stats()`)."""
+class ChildUpstream:
+    """A test upstream script (tests/<script>) as a child process on a free
+    port, started with `args` after the port; `control(path)` GETs one of
+    its JSON control paths."""
 
-    def __init__(self, capacity, delay_ms, blind=False):
+    script = None
+
+    def __init__(self, *args):
         self.port = free_port()
-        self.args = [str(self.port), str(capacity), str(delay_ms)] + (["blind"] if blind else [])
+        self.args = [str(self.port)] + [str(a) for a in args]
         self.proc = None
 
     def __enter__(self):
-        script = Path(__file__).with_name("slow_upstream.py")
+        script = Path(__file__).with_name(self.script)
         self.proc = subprocess.Popen([sys.executable, str(script), *self.args], stderr=subprocess.DEVNULL)
         deadline = time.time() + 10
         while time.time() < deadline:
@@ -320,18 +321,77 @@ class SlowUpstream:
             except OSError:
                 time.sleep(0.05)
         self.__exit__()
-        raise RuntimeError("the slow upstream did not start")
+        raise RuntimeError(f"{self.script} did not start")
 
     def __exit__(self, *exc):
         stop_child(self.proc, 5)
 
-    def stats(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__stats", timeout=5) as r:
+    def control(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
             return json.loads(r.read())
+
+    def stats(self):
+        return self.control("/__stats")
+
+
+class SlowUpstream(ChildUpstream):
+    """tests/slow_upstream.py: at most `capacity` requests served at once,
+    each taking `delay_ms` (served in full even when the proxy resets them,
+    if `blind`); GET /__stats tells the most it ever had in flight and when
+    each request arrived (`stats()`)."""
+
+    script = "slow_upstream.py"
+
+    def __init__(self, capacity, delay_ms, blind=False):
+        super().__init__(capacity, delay_ms, *(["blind"] if blind else []))
 
     def reset_peaks(self):
         """Each tenant's peak starts again from its requests in flight now."""
         urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__reset", timeout=5).close()
+
+
+class CapacityUpstream(ChildUpstream):
+    """tests/capacity_upstream.py: an upstream whose capacity and error rate
+    change at run time (`set_capacity`, `control("/__errors?pct=P")`)."""
+
+    script = "capacity_upstream.py"
+
+    def __init__(self, capacity, delay_ms):
+        super().__init__(capacity, delay_ms)
+
+    def set_capacity(self, n):
+        self.control(f"/__capacity?n={n}")
+
+    def stats(self, reset=False):
+        return self.control("/__stats?reset=1" if reset else "/__stats")
+
+
+class FrontOf:
+    """A child upstream (a `ChildUpstream`) and a front Envoy with sluice
+    (or no filter, for `plugin_config` None) in front of it, started
+    together."""
+
+    def __init__(self, upstream, plugin_config, concurrency=2):
+        self.up = upstream
+        self.port = free_port()
+        filters = [wasm_filter(plugin_config)] if plugin_config is not None else []
+        self.front = Envoy(front_bootstrap(self.port, free_port(), self.up.port, filters), concurrency)
+
+    def __enter__(self):
+        self.up.__enter__()
+        try:
+            self.front.__enter__()
+        except Exception:
+            self.up.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.front.__exit__()
+        self.up.__exit__()
+
+    def upstream_stats(self):
+        return self.up.stats()
 
 
 def assert_burst_within_limit(port, limit, n=100, workers=2):

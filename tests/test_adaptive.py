@@ -2,94 +2,44 @@
 a real Envoy with 2 workers, in front of an upstream whose capacity changes
 while closed-loop clients keep it overloaded."""
 
-import json
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import http1
-from harness import Envoy, free_port, front_bootstrap, metric, stop_child, wasm_filter
+from harness import CapacityUpstream, FrontOf, metric
 
 SERVICE_MS = 20
 
 
-class CapacityUpstream:
-    """tests/capacity_upstream.py as a child process on a free port."""
-
-    def __init__(self, capacity, delay_ms=SERVICE_MS):
-        self.port = free_port()
-        self.args = [str(self.port), str(capacity), str(delay_ms)]
-        self.proc = None
-
-    def __enter__(self):
-        script = Path(__file__).with_name("capacity_upstream.py")
-        self.proc = subprocess.Popen([sys.executable, str(script), *self.args], stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.__exit__()
-        raise RuntimeError("the capacity upstream did not start")
-
-    def __exit__(self, *exc):
-        stop_child(self.proc, 5)
-
-    def control(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-            return json.loads(r.read())
-
-    def set_capacity(self, n):
-        self.control(f"/__capacity?n={n}")
-
-    def stats(self, reset=False):
-        return self.control("/__stats?reset=1" if reset else "/__stats")
-
-
-class AdaptiveStack:
-    def __init__(self, plugin_config, capacity, concurrency=2):
-        self.up = CapacityUpstream(capacity)
-        self.port = free_port()
-        filters = [wasm_filter(plugin_config)] if plugin_config is not None else []
-        self.front = Envoy(front_bootstrap(self.port, free_port(), self.up.port, filters), concurrency)
-
-    def __enter__(self):
-        self.up.__enter__()
-        try:
-            self.front.__enter__()
-        except Exception:
-            self.up.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.front.__exit__()
-        self.up.__exit__()
+def AdaptiveStack(plugin_config, capacity, concurrency=2):
+    """An upstream whose capacity changes (a child process) and a front Envoy."""
+    return FrontOf(CapacityUpstream(capacity, SERVICE_MS), plugin_config, concurrency)
 
 
 class Load:
-    """Closed-loop clients, each sending requests back to back until stopped."""
+    """Closed-loop clients, each sending requests back to back until
+    stopped, client `i` with the headers `headers_for(i)`. Each result is
+    (sent_at, latency_s, status, i)."""
 
-    def __init__(self, port, clients):
-        self.port, self.clients = port, clients
+    def __init__(self, port, clients, headers_for=lambda i: {}):
+        self.port, self.headers_for = port, headers_for
         self.stop = threading.Event()
         self.results = []
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.client) for _ in range(clients)]
+        self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(clients)]
 
-    def client(self):
+    def client(self, i):
         c = http1.Conn(self.port)
         while not self.stop.is_set():
             t = time.time()
-            r = c.request("/")
+            try:
+                r = c.request("/", self.headers_for(i))
+            except OSError:
+                c.close()
+                c = http1.Conn(self.port)
+                continue
             with self.lock:
-                self.results.append((t, time.time() - t, r.status))
+                self.results.append((t, time.time() - t, r.status, i))
             if r.header("connection") == "close":
                 c.close()
                 c = http1.Conn(self.port)

@@ -7,7 +7,7 @@ import threading
 import time
 
 import http1
-from harness import Envoy, SlowUpstream, Stack, free_port, front_bootstrap, metric, wasm_filter
+from harness import FrontOf, SlowUpstream, Stack, metric
 
 WINDOW_S = 4
 LIMIT = 10
@@ -84,28 +84,10 @@ def test_a_sliding_window_counts_per_key_and_refuses_with_the_standard_headers()
         assert r.header("x-ratelimit-remaining") == "0"
 
 
-class PacedStack:
-    """A front Envoy with 4 workers in front of an upstream (a child
+def PacedStack(plugin_config, concurrency=4):
+    """A front Envoy (4 workers by default) in front of an upstream (a child
     process) that records when each request arrived."""
-
-    def __init__(self, plugin_config, concurrency=4):
-        self.up = SlowUpstream(1000, 0)
-        self.port = free_port()
-        self.front = Envoy(front_bootstrap(self.port, free_port(), self.up.port, [wasm_filter(plugin_config)]),
-                           concurrency)
-
-    def __enter__(self):
-        self.up.__enter__()
-        try:
-            self.front.__enter__()
-        except Exception:
-            self.up.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.front.__exit__()
-        self.up.__exit__()
+    return FrontOf(SlowUpstream(1000, 0), plugin_config, concurrency)
 
 
 RATE = 100  # per second: one request every 10 ms

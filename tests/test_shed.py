@@ -7,35 +7,14 @@ import threading
 import time
 
 import http1
-from harness import Envoy, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, wasm_filter, metric
+from harness import Envoy, FrontOf, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, wasm_filter, metric
 
 SLOW_MS = 20
 
 
-class SlowStack:
+def SlowStack(plugin_config, concurrency=2):
     """The limited upstream (a child process) and a front Envoy."""
-
-    def __init__(self, plugin_config, concurrency=2):
-        self.up = SlowUpstream(4, SLOW_MS)
-        self.port = free_port()
-        filters = [wasm_filter(plugin_config)] if plugin_config is not None else []
-        self.front = Envoy(front_bootstrap(self.port, free_port(), self.up.port, filters), concurrency)
-
-    def __enter__(self):
-        self.up.__enter__()
-        try:
-            self.front.__enter__()
-        except Exception:
-            self.up.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.front.__exit__()
-        self.up.__exit__()
-
-    def upstream_stats(self):
-        return self.up.stats()
+    return FrontOf(SlowUpstream(4, SLOW_MS), plugin_config, concurrency)
 
 
 def load(port, seconds, clients=16, headers_for=lambda i: {}, abandon_every=0):
