@@ -46,9 +46,15 @@ class Counting:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            # The default listen backlog of 5 drops connections when dozens
+            # arrive at once (Envoy then answers 503), as in a real
+            # overloaded service's accept queue: not what this test is about.
+            request_queue_size = 512
+
         self.port = free_port()
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
+        self.server = Server(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):

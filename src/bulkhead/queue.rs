@@ -53,6 +53,11 @@ impl Queues {
         self.waiters.is_empty()
     }
 
+    /// Whether stream `id` waits here.
+    pub fn contains(&self, id: StreamId) -> bool {
+        self.waiters.contains_key(&id)
+    }
+
     /// Requests waiting at `place`.
     pub fn waiting_at(&self, place: Place) -> usize {
         self.lines.get(&place).map_or(0, VecDeque::len)

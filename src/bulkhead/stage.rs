@@ -283,7 +283,9 @@ impl Stage for BulkheadStage {
         id: StreamId,
         _resp: &dyn crate::request::ResponseView,
     ) -> bool {
-        self.held.contains_key(&id)
+        // A waiter answered while it waits (Envoy's own local reply, say)
+        // still waits here: its end must take it out of line.
+        self.held.contains_key(&id) || self.queues.contains(id)
     }
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {

@@ -179,6 +179,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "missing field `default`",
         ),
         (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":4},"priority":{"lifo":true,"shares":{"critical":50,"default":35,"sheddable":15}}}]}"#.into(),
+            "shedders[0].priority.lifo",
+            "cannot be combined with shares",
+        ),
+        (
             r#"{"shedders":[{"name":"s","priority":{"lifo":true}}]}"#.into(),
             "shedders[0].priority.lifo",
             "needs a concurrency limit (queue mode)",

@@ -24,6 +24,20 @@ pub struct DeadlineSpec {
     pub status: u32,
 }
 
+impl DeadlineSpec {
+    /// What is left of deadline `d`, as read now from a request that
+    /// waited `waited_ms` in earlier stages: with `propagate`, the header
+    /// was already reduced by that wait when it went on; without, it was
+    /// not, and the wait is taken off here.
+    pub fn remaining_ms(&self, d: &super::Deadline, waited_ms: u64) -> u64 {
+        if self.propagate {
+            d.remaining_ms
+        } else {
+            d.remaining_ms.saturating_sub(waited_ms)
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]

@@ -45,6 +45,9 @@ pub struct Stream {
     holds: u64,
     /// The stage that paused the stream (a resume goes on after it).
     paused_at: Option<usize>,
+    /// When the request arrived (ms), kept once a stage paused it: later
+    /// stages see how long it waited (`Cx::waited_ms`).
+    arrived_ms: Option<u64>,
     response_headers: Vec<(&'static str, String)>,
 }
 
@@ -135,10 +138,21 @@ impl Pipeline {
         env: &mut Env<'_>,
         f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
     ) -> (R, Outcome) {
+        self.with_cx_since(env, None, f)
+    }
+
+    /// `with_cx` for a request that arrived at `arrived_ms` (a resumed one).
+    fn with_cx_since<R>(
+        &mut self,
+        env: &mut Env<'_>,
+        arrived_ms: Option<u64>,
+        f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
+    ) -> (R, Outcome) {
         let mut effects = Vec::new();
         let mut cx = Cx {
             env,
             now_ns: None,
+            arrived_ms,
             rng: &mut self.rng,
             effects: &mut effects,
             tick_changed: false,
@@ -191,7 +205,10 @@ impl Pipeline {
         let Some(at) = stream.paused_at.take() else {
             return (Verdict::Continue, Outcome::default());
         };
-        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, at + 1))
+        let arrived = stream.arrived_ms;
+        self.with_cx_since(env, arrived, |stages, cx| {
+            run(stages, cx, stream, req, at + 1)
+        })
     }
 
     /// The response headers: the stages holding something for the stream
@@ -281,6 +298,10 @@ fn run(
             }
             Step::Pause => {
                 stream.paused_at = Some(i);
+                if stream.arrived_ms.is_none() {
+                    // The first pause is in the call the request arrived in.
+                    stream.arrived_ms = Some(cx.now_ms());
+                }
                 return Verdict::Pause;
             }
             Step::Reply(r) => {

@@ -89,6 +89,8 @@ impl Decision {
 pub struct Cx<'a, 'e> {
     pub(super) env: &'a mut Env<'e>,
     pub(super) now_ns: Option<u64>,
+    /// When the current request arrived, if it was paused since (ms).
+    pub(super) arrived_ms: Option<u64>,
     /// The pipeline's random source (jitter).
     pub rng: &'a mut SplitMix,
     /// Effects on other streams, in order.
@@ -119,6 +121,15 @@ impl<'e> Cx<'_, 'e> {
     /// Now, in milliseconds.
     pub fn now_ms(&mut self) -> u64 {
         self.now_ns() / 1_000_000
+    }
+
+    /// How long the current request has waited in earlier stages (ms): 0
+    /// on its arrival, its wait so far when a resume goes on with it.
+    pub fn waited_ms(&mut self) -> u64 {
+        match self.arrived_ms {
+            Some(a) => self.now_ms().saturating_sub(a),
+            None => 0,
+        }
     }
 
     /// Adds to a counter or gauge (handed to the host in batches).

@@ -474,12 +474,14 @@ impl Stage for Pauser {
     }
 }
 
-/// A stage that counts the requests it sees and refuses those with `x-no`.
-struct Later(Rc<Cell<u32>>);
+/// A stage that counts the requests it sees (and the wait before the last
+/// one reached it) and refuses those with `x-no`.
+struct Later(Rc<Cell<u32>>, Rc<Cell<u64>>);
 
 impl Stage for Later {
-    fn request(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId, r: &dyn RequestView) -> Decision {
+    fn request(&mut self, cx: &mut Cx<'_, '_>, _s: StreamId, r: &dyn RequestView) -> Decision {
         self.0.set(self.0.get() + 1);
+        self.1.set(cx.waited_ms());
         match r.header("x-no") {
             Some(_) => Decision::of(
                 Step::Reply(crate::reply::Rejection {
@@ -502,14 +504,17 @@ impl Stage for Later {
 #[test]
 fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     let (released, seen) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
+    let waited = Rc::new(Cell::new(u64::MAX));
     let mut p = Pipeline::build(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
     p.stages = vec![
         Box::new(Pauser(released.clone())),
-        Box::new(Later(seen.clone())),
+        Box::new(Later(seen.clone(), waited.clone())),
     ];
     let store = MemoryStore::default();
     let mut rec = Recorder::default();
-    let clock = || T0;
+    let now = Rc::new(Cell::new(T0));
+    let at = now.clone();
+    let clock = move || at.get();
     let mut env = Env {
         store: &store,
         clock: &clock,
@@ -519,8 +524,11 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     let mut a = Stream::new(1);
     assert_eq!(p.request(&mut env, &mut a, &ok).0, Verdict::Pause);
     assert_eq!(seen.get(), 0, "a later stage saw a paused request");
+    now.set(T0 + 250 * MS);
     assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
     assert_eq!(seen.get(), 1);
+    // The later stage knows how long the request waited before it.
+    assert_eq!(waited.get(), 250);
     // A second resume (a stream not paused) decides nothing again.
     assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
     assert_eq!(seen.get(), 1);

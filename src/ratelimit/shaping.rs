@@ -66,6 +66,11 @@ impl HeldList {
         h
     }
 
+    /// Whether `stream` is held here.
+    pub fn contains(&self, stream: StreamId) -> bool {
+        self.held.iter().any(|h| h.stream == stream)
+    }
+
     /// Takes out a held stream (it ended before its turn), if held.
     pub fn take(&mut self, stream: StreamId) -> Option<Held> {
         let i = self.held.iter().position(|h| h.stream == stream)?;

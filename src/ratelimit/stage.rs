@@ -172,11 +172,12 @@ impl Stage for RateLimits {
     fn response(
         &mut self,
         _cx: &mut Cx<'_, '_>,
-        _stream: StreamId,
+        stream: StreamId,
         _resp: &dyn crate::request::ResponseView,
     ) -> bool {
-        // Held streams are resumed before any response: nothing is held.
-        false
+        // Held only until its turn; one answered before it (Envoy's own
+        // local reply, say) still holds its turn, given back at its end.
+        !self.held.is_empty() && self.held.contains(stream)
     }
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
@@ -249,9 +250,11 @@ impl RateLimits {
             .deadlines
             .as_ref()
             .and_then(|d| crate::deadline::read(d, req));
-        let left_ns = deadline
-            .as_ref()
-            .map_or(u64::MAX, |d| d.remaining_ms.saturating_mul(NS_PER_MS));
+        let waited = cx.waited_ms();
+        let left_ns = match (&deadline, &self.deadlines) {
+            (Some(d), Some(spec)) => spec.remaining_ms(d, waited).saturating_mul(NS_PER_MS),
+            _ => u64::MAX,
+        };
         let (held, limiter) = (&self.held, &self.limiter);
         let cap = |rule: usize| {
             let full = limiter

@@ -172,23 +172,14 @@ struct RawLatency {
 /// Validates one shedder.
 pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
-    let priority = raw.priority.map(Strict::into_inner).unwrap_or(RawPriority {
+    let mut priority = raw.priority.map(Strict::into_inner).unwrap_or(RawPriority {
         header: None,
         default: None,
         classes: Vec::new(),
         shares: None,
         lifo: false,
     });
-    let shares = priority
-        .shares
-        .map(|sh| validate_shares(at, sh.into_inner(), raw.concurrency.is_some()))
-        .transpose()?;
-    if priority.lifo && raw.concurrency.is_none() {
-        return Err(err(
-            format!("{at}.priority.lifo"),
-            "needs a concurrency limit (queue mode)",
-        ));
-    }
+    let shares = queue_order(at, &mut priority, raw.concurrency.is_some())?;
     let priority_header = optional_header(format!("{at}.priority.header"), priority.header)?;
     let mut classes = Vec::new();
     for (j, c) in priority
@@ -227,6 +218,31 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
         interval_ms,
         status: status(format!("{at}.status"), raw.status.unwrap_or(503))?,
     })
+}
+
+/// The order of a queue-mode shedder's waiters: shares (taken out of
+/// `priority`), and whether LIFO may apply.
+fn queue_order(
+    at: &str,
+    priority: &mut RawPriority,
+    queue: bool,
+) -> Result<Option<[u32; 3]>, ConfigError> {
+    let shares = priority
+        .shares
+        .take()
+        .map(|sh| validate_shares(at, sh.into_inner(), queue))
+        .transpose()?;
+    let lifo = format!("{at}.priority.lifo");
+    if priority.lifo && !queue {
+        return Err(err(lifo, "needs a concurrency limit (queue mode)"));
+    }
+    if priority.lifo && shares.is_some() {
+        // Serving a class's newest waiter leaves its oldest, whose turn
+        // decides which class goes next, first in line: that class would
+        // be served again and again.
+        return Err(err(lifo, "cannot be combined with shares"));
+    }
+    Ok(shares)
 }
 
 /// Shares in percent, indexed by `Class as usize`; they must add up to 100.

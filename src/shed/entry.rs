@@ -126,10 +126,10 @@ impl Change {
                 }
             };
             claims.extend(old.claims.iter().filter(others).copied());
-            if let Some(m) = mine.map(|m| self.ours(old, m)) {
-                let at = claims.partition_point(|c| self.order(c, &m).is_lt());
-                claims.insert(at, m);
-            }
+            claims.extend(mine.map(|m| self.ours(old, m)));
+            // Sorted in this writer's order whatever order they came in, so
+            // the entry always decodes.
+            claims.sort_by(|a, b| self.order(a, b));
             claims.truncate(MAX_CLAIMS);
         }
         Shared {

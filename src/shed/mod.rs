@@ -144,7 +144,7 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
                 .num(u64::from(c.max))
                 .num(u64::from(c.queue))
                 .num(c.max_wait_ms);
-            match &c.adaptive {
+            let id = match &c.adaptive {
                 // As before adaptive limits existed: a fixed limit keeps its entry.
                 None => id,
                 Some(a) => id
@@ -154,6 +154,15 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
                     .num(u64::from(a.tolerance_pct))
                     .num(a.interval_ms)
                     .num(a.floor_window_ms),
+            };
+            // Shares order the claims by turn, not by class: a configuration
+            // that turns them on or off gets an entry of its own, never one
+            // whose claims another configuration keeps in the other order.
+            match &spec.shares {
+                None => id,
+                Some(sh) => sh
+                    .iter()
+                    .fold(id.text("shares"), |id, &x| id.num(u64::from(x))),
             }
         }
     }
@@ -401,6 +410,30 @@ impl Shedders {
         (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
     }
 
+    /// This worker's best waiter once an admission has taken one: the one
+    /// after the head, or, under LIFO, the head itself (the newest of its
+    /// class goes instead) unless it was alone in its class.
+    fn best_after_admit(
+        &self,
+        s: usize,
+        head: Option<Claim>,
+        second: Option<Claim>,
+    ) -> Option<Claim> {
+        let lifo = self.rules.get(s).is_some_and(|r| r.spec.lifo);
+        let takes_newest = lifo
+            && self.local.get(s).is_some_and(|l| {
+                l.codel.overloaded
+                    && head.is_some_and(|h| {
+                        l.queues.get(h.class as usize).is_some_and(|q| q.len() > 1)
+                    })
+            });
+        if takes_newest {
+            head
+        } else {
+            second
+        }
+    }
+
     /// Takes the next waiter to admit out of this worker's queue: of the
     /// class served next, the oldest, or the newest while overloaded with
     /// `lifo` (the requests still most likely to be wanted).
@@ -427,13 +460,14 @@ impl Shedders {
         let key = rule.inflight_key.clone();
         // This worker's best waiter now, and once the op is done.
         let (head, second) = self.heads(s);
+        let after_admit = self.best_after_admit(s, head, second);
         let change = Change {
             op,
             by_age: self.shares(s).is_some(),
             max: self.limit(s).unwrap_or(u32::MAX as u64),
             lease: self.local.get(s).map_or(0, |l| l.lease),
             head,
-            head_after: if op == Op::Admit { second } else { head },
+            head_after: if op == Op::Admit { after_admit } else { head },
             me: self.worker,
             now: self.now_ms,
         };
@@ -486,7 +520,7 @@ impl Shedders {
     /// has stood.
     fn observe_turns(&mut self, s: usize, other_turn: Option<u64>) {
         if let (Some(t), Some(l)) = (other_turn, self.local.get_mut(s)) {
-            l.clocks.served(t);
+            l.clocks.seen(t, self.now_ms);
         }
         let own = self.local.get(s).and_then(|l| {
             l.queues

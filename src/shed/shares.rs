@@ -45,11 +45,19 @@ impl Clocks {
         turn
     }
 
-    /// A waiter with `turn` was admitted (here, or, seen through another
-    /// worker's claim, the turn another worker serves next): new turns
-    /// start after it, so that every worker's turns stay comparable.
+    /// A waiter with `turn` was admitted here: new turns start after it.
     pub fn served(&mut self, turn: u64) {
         self.serving = self.serving.max(turn);
+    }
+
+    /// Another worker claims `turn` as the next it serves: new turns here
+    /// start after it too, so that every worker's turns stay comparable;
+    /// unless it is the turn of a class with share 0 (far ahead of anything
+    /// served), which would put every class here behind it.
+    pub fn seen(&mut self, turn: u64, now_ms: u64) {
+        if turn < self.serving.max(now_ms).saturating_add(NEVER / 2) {
+            self.served(turn);
+        }
     }
 }
 
@@ -114,6 +122,10 @@ mod tests {
         // Another worker's clock ahead: new turns start after it.
         c.served(crit + 10 * SCALE);
         assert!(c.turn(SHARES, 1, 0, 0) > crit + 10 * SCALE);
+        // ...but not after a share-0 class's turn, far ahead of any other.
+        let far = c.turn([0, 50, 50], 0, 0, 0);
+        c.seen(far, 0);
+        assert!(c.turn(SHARES, 2, 0, 0) < far);
     }
 
     #[test]

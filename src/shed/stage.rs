@@ -267,9 +267,10 @@ impl ShedStage {
 
     /// The request's deadline, if the configuration reads deadlines and it
     /// sent one: (as read, when it passes in ms).
-    fn deadline(&self, req: &dyn RequestView, now: u64) -> Option<(Deadline, u64)> {
-        let d = crate::deadline::read(self.deadlines.as_ref()?, req)?;
-        let at = now.saturating_add(d.remaining_ms);
+    fn deadline(&self, req: &dyn RequestView, now: u64, waited_ms: u64) -> Option<(Deadline, u64)> {
+        let spec = self.deadlines.as_ref()?;
+        let d = crate::deadline::read(spec, req)?;
+        let at = now.saturating_add(spec.remaining_ms(&d, waited_ms));
         Some((d, at))
     }
 
@@ -366,7 +367,8 @@ impl Stage for ShedStage {
         let deadline = if classes.is_empty() {
             None
         } else {
-            self.deadline(req, now)
+            let waited = cx.waited_ms();
+            self.deadline(req, now, waited)
         };
         let step = self.arrive(cx, (id, now), classes, deadline, &mut watched);
         if let Some(Step::Reply(r)) = step {
