@@ -18,6 +18,7 @@ Observed behaviour of Envoy 1.40 (see docs/deploy.md):
 
 import contextlib
 import json
+import threading
 import time
 
 import pytest
@@ -232,3 +233,33 @@ def test_a_live_update_beside_a_million_slot_table_does_not_stall_traffic():
         assert admin_worst < 1.0, f"the admin endpoint took {admin_worst:.2f} s during the update"
         unexpected = load.unexpected({(200, None)})
         assert not unexpected, unexpected[:5]
+
+
+def test_requests_held_for_their_turn_go_on_across_an_update():
+    """Requests paused in the filter (held by a shaping rule) when the
+    configuration is replaced are still resumed at their turns: Envoy keeps
+    ticking the configuration they started under until they end."""
+    def shaped(name):
+        return {"rate_limits": [{"name": name, "bucket": {"rate": 2, "period": "1s", "burst": 1},
+                                 "on_limit": "delay", "max_delay": "5s"}]}
+
+    with EcdsStack(shaped("before")) as s:
+        got, lock = [], threading.Lock()
+
+        def one():
+            t = time.time()
+            r = http1.Conn(s.port, timeout=10).request("/")
+            with lock:
+                got.append((r.status, time.time() - t))
+
+        clients = [threading.Thread(target=one) for _ in range(6)]
+        for c in clients:
+            c.start()
+        time.sleep(0.2)
+        s.push(shaped("after"))
+        assert s.wait_stat("update_success", 2), s.front.logs()[-3000:]
+        for c in clients:
+            c.join(timeout=15)
+        # Turns 0, 0.5, ..., 2.5 s: every one answered, none long after its turn.
+        assert sorted(st for st, _ in got) == [200] * 6, got
+        assert max(t for _, t in got) < 4, got
