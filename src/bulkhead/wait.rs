@@ -99,11 +99,11 @@ impl BulkheadStage {
             }
         }
         let waited_ms = cx.now_ms().saturating_sub(w.since_ms);
-        let propagate = self.deadlines.as_ref().is_some_and(|d| d.propagate);
-        let set_headers = match w.deadline {
-            Some(d) if propagate && waited_ms > 0 => vec![(d.header.clone(), d.reduced(waited_ms))],
-            _ => Vec::new(),
-        };
+        let set_headers = crate::deadline::resume_headers(
+            self.deadlines.as_ref(),
+            w.deadline.as_ref(),
+            waited_ms,
+        );
         cx.effects.push(Effect::Resume {
             stream: id,
             set_headers,

@@ -36,6 +36,22 @@ impl Deadline {
     }
 }
 
+/// The request headers a stream that waited `waited_ms` in sluice goes on
+/// with: its deadline header reduced by the wait, when the configuration
+/// propagates deadlines (`spec`) and the request sent one (`d`).
+pub fn resume_headers(
+    spec: Option<&DeadlineSpec>,
+    d: Option<&Deadline>,
+    waited_ms: u64,
+) -> Vec<(String, String)> {
+    match (spec, d) {
+        (Some(s), Some(d)) if s.propagate && waited_ms > 0 => {
+            vec![(d.header.clone(), d.reduced(waited_ms))]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// The first deadline header the request carries that parses.
 pub fn read(spec: &DeadlineSpec, req: &dyn RequestView) -> Option<Deadline> {
     spec.headers.iter().find_map(|(header, format)| {

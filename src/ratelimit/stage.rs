@@ -202,13 +202,11 @@ impl Stage for RateLimits {
                     cx.record(histogram, waited_ms);
                 }
             }
-            let propagate = self.deadlines.as_ref().is_some_and(|d| d.propagate);
-            let set_headers = match h.deadline {
-                Some(d) if propagate && waited_ms > 0 => {
-                    vec![(d.header.clone(), d.reduced(waited_ms))]
-                }
-                _ => Vec::new(),
-            };
+            let set_headers = crate::deadline::resume_headers(
+                self.deadlines.as_ref(),
+                h.deadline.as_ref(),
+                waited_ms,
+            );
             cx.effects.push(Effect::Resume {
                 stream: h.stream,
                 set_headers,

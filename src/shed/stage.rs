@@ -239,11 +239,8 @@ impl ShedStage {
     /// The deadline header a resumed stream goes upstream with: what was
     /// left when it arrived, less its wait (when `propagate` is on).
     fn reduced_deadline(&mut self, id: StreamId, waited_ms: u64) -> Vec<(String, String)> {
-        let propagate = self.deadlines.as_ref().is_some_and(|d| d.propagate);
-        match self.deadline_of.remove(&id) {
-            Some(d) if propagate && waited_ms > 0 => vec![(d.header.clone(), d.reduced(waited_ms))],
-            _ => Vec::new(),
-        }
+        let d = self.deadline_of.remove(&id);
+        crate::deadline::resume_headers(self.deadlines.as_ref(), d.as_ref(), waited_ms)
     }
 
     /// Answers a queued stream whose deadline passed while it waited.
