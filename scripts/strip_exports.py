@@ -3,6 +3,9 @@
 exports, in place: Envoy (proxy-wasm-cpp-host) skips a callback the module
 does not export, so every request saves the trips into the VM for body and
 trailer chunks. The Rust SDK exports every callback whether used or not.
+Kept: proxy_on_grpc_receive and proxy_on_grpc_close, through which the
+answers to global rules' calls to the rate-limit service arrive (Envoy
+calls them only for those calls, never per request).
 
 Usage: strip_exports.py FILE.wasm   (idempotent; standard library only)
 """
@@ -15,7 +18,7 @@ UNUSED = {
     "proxy_on_new_connection", "proxy_on_downstream_data", "proxy_on_upstream_data",
     "proxy_on_downstream_connection_close", "proxy_on_upstream_connection_close",
     "proxy_on_http_call_response", "proxy_on_grpc_receive_initial_metadata",
-    "proxy_on_grpc_receive_trailing_metadata", "proxy_on_grpc_receive", "proxy_on_grpc_close",
+    "proxy_on_grpc_receive_trailing_metadata",
     "proxy_on_foreign_function", "proxy_on_queue_ready",
     # Stream ends are handled when the SDK drops the context (proxy_on_delete);
     # without these exports Envoy skips two VM entries per request.

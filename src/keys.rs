@@ -180,6 +180,15 @@ pub fn place(
     })
 }
 
+/// The values of a key's parts, as the request has them (a missing part
+/// is empty): the descriptor a global rule sends to its service.
+pub fn values(parts: &[KeyPart], req: &dyn RequestView) -> Vec<Vec<u8>> {
+    parts
+        .iter()
+        .map(|p| p.read(req).unwrap_or_default())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

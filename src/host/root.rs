@@ -7,19 +7,78 @@ use super::store::{self, SharedData};
 use super::stream::Stream;
 use super::views::now_ns;
 use crate::config;
+use crate::hash::FastMap;
+use crate::pipeline::Outcome;
 use crate::pipeline::{Pipeline, SLOW_TICK};
+use crate::ratelimit::global::Call;
 use crate::store::Store;
 use log::{error, info, warn};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 use std::rc::Rc;
+use std::time::Duration;
 
 #[derive(Default)]
 pub struct Root {
     plugin: Option<Rc<Plugin>>,
+    /// Calls out (global rules' token requests): Envoy's token to the
+    /// pipeline's call id.
+    calls: FastMap<u32, u64>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        let Some(id) = self.calls.remove(&token) else {
+            return;
+        };
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        let body = if status == 0 {
+            self.get_grpc_call_response_body(0, size)
+        } else {
+            None
+        };
+        if let Some(out) = plugin.call(|p, env| p.call_done(env, id, body.as_deref())) {
+            self.carry_out(plugin, out);
+        }
+    }
+}
+
+impl Root {
+    /// Carries out an outcome from the root context: calls out first (only
+    /// a call started here is answered here), then the rest.
+    fn carry_out(&mut self, plugin: Rc<Plugin>, mut out: Outcome) {
+        let calls = std::mem::take(&mut out.calls);
+        plugin.apply(out, None);
+        for c in calls {
+            self.start(&plugin, c);
+        }
+    }
+
+    fn start(&mut self, plugin: &Plugin, c: Call) {
+        let started = self.dispatch_grpc_call(
+            &c.cluster,
+            c.service,
+            c.method,
+            Vec::new(),
+            Some(&c.message),
+            Duration::from_millis(c.timeout_ms),
+        );
+        match started {
+            Ok(token) => {
+                self.calls.insert(token, c.id);
+            }
+            Err(e) => {
+                log::debug!("sluice: could not call cluster {}: {e:?}", c.cluster);
+                if let Some(out) = plugin.call(|p, env| p.call_done(env, c.id, None)) {
+                    // A failed start asks for nothing more.
+                    plugin.apply(out, None);
+                }
+            }
+        }
+    }
+}
 
 /// The table-hash seed: created once per Envoy (per vm_id and domain) and
 /// read by every VM, so all workers place a key in the same slots.
@@ -77,6 +136,8 @@ impl RootContext for Root {
                 .unwrap_or_default();
         match configure(&bytes) {
             Ok(plugin) => {
+                // Answers to the old configuration's calls are not its.
+                self.calls.clear();
                 // The slow tick hands batched metric changes to Envoy and
                 // runs the stages' periodic work; the pipeline asks for the
                 // fast tick while requests wait in a sluice queue.
@@ -94,9 +155,9 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Some(plugin) = &self.plugin {
+        if let Some(plugin) = self.plugin.clone() {
             if let Some(out) = plugin.call(|p, env| p.tick(env)) {
-                plugin.apply(out, None);
+                self.carry_out(plugin.clone(), out);
             }
             // The tick bounds how long a version is remembered (see
             // `store::age`).

@@ -77,6 +77,8 @@ pub struct Outcome {
     pub effects: Vec<Effect>,
     /// A new tick period, if it changed.
     pub tick: Option<Duration>,
+    /// Calls to start (asked for from a tick).
+    pub calls: Vec<crate::ratelimit::global::Call>,
 }
 
 /// One configuration's pipeline, in one VM.
@@ -107,7 +109,7 @@ impl Pipeline {
             crate::breaker::stage::build(config, seed, &mut metrics)?,
             crate::retry::stage::build(config, &mut metrics)?,
             crate::bulkhead::stage::build(config, seed, &mut metrics)?,
-            crate::ratelimit::stage::build(config, seed, &mut metrics)?,
+            crate::ratelimit::stage::build(config, seed, rng, &mut metrics)?,
             crate::shed::stage::build(config, now_ms, worker, &mut metrics)?,
         ]
         .into_iter()
@@ -149,18 +151,27 @@ impl Pipeline {
         f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
     ) -> (R, Outcome) {
         let mut effects = Vec::new();
+        let mut calls = Vec::new();
         let mut cx = Cx {
             env,
             now_ns: None,
             arrived_ms,
             rng: &mut self.rng,
             effects: &mut effects,
+            calls: &mut calls,
             tick_changed: false,
         };
         let r = f(&mut self.stages, &mut cx);
         let changed = cx.tick_changed;
         let tick = if changed { self.retick() } else { None };
-        (r, Outcome { effects, tick })
+        (
+            r,
+            Outcome {
+                effects,
+                tick,
+                calls,
+            },
+        )
     }
 
     /// The new tick period, if the stages' need of the fast tick changed.
@@ -262,6 +273,14 @@ impl Pipeline {
         let ((), out) = self.with_cx(env, |stages, cx| {
             stages.iter_mut().for_each(|s| s.tick(cx));
             cx.tick_changed = true;
+        });
+        out
+    }
+
+    /// A call asked for by a stage ended (`body`: the response, or `None`).
+    pub fn call_done(&mut self, env: &mut Env<'_>, id: u64, body: Option<&[u8]>) -> Outcome {
+        let ((), out) = self.with_cx(env, |stages, cx| {
+            stages.iter_mut().for_each(|s| s.call_done(cx, id, body));
         });
         out
     }

@@ -95,6 +95,9 @@ pub struct Cx<'a, 'e> {
     pub rng: &'a mut SplitMix,
     /// Effects on other streams, in order.
     pub effects: &'a mut Vec<Effect>,
+    /// Calls out of the filter the host must start (from a tick only: the
+    /// host starts them from the root context, which hears their end).
+    pub calls: &'a mut Vec<crate::ratelimit::global::Call>,
     /// Set by a stage whose need of the fast tick may have changed.
     pub tick_changed: bool,
 }
@@ -182,6 +185,10 @@ pub trait Stage {
 
     /// Periodic work (every tick).
     fn tick(&mut self, _cx: &mut Cx<'_, '_>) {}
+
+    /// A call the stage asked for ended: `body` is the response, `None` on
+    /// an error or timeout.
+    fn call_done(&mut self, _cx: &mut Cx<'_, '_>, _id: u64, _body: Option<&[u8]>) {}
 
     /// Whether the stage needs the fast (1 ms) tick now.
     fn wants_fast_tick(&self) -> bool {

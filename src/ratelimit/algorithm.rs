@@ -4,6 +4,7 @@
 //! slots in a bounded table only ever grow, by merging).
 
 use super::bucket::{BucketSpec, Outcome};
+use super::global::pool::{Pool, PoolSpec};
 use super::window::WindowSpec;
 
 /// A rule's counting algorithm and its validated parameters.
@@ -13,6 +14,9 @@ pub enum Algorithm {
     Bucket(BucketSpec),
     /// A sliding window: the state is two fixed-window counts.
     Window(WindowSpec),
+    /// A global rule's tokens from the rate-limit service: the state is
+    /// the key's pool (one slot per key, never merged).
+    Pool(PoolSpec),
 }
 
 impl Algorithm {
@@ -22,6 +26,7 @@ impl Algorithm {
         match self {
             Algorithm::Bucket(b) => b.decide_within(state, now_ns, cost, slack_ns),
             Algorithm::Window(w) => w.decide(state, now_ns, cost),
+            Algorithm::Pool(p) => p.decide(state, now_ns, cost),
         }
     }
 
@@ -29,7 +34,7 @@ impl Algorithm {
     /// one rule: a decision rests on the emptiest of a key's slots.
     pub fn level(&self, state: u128, now_ns: u64) -> u128 {
         match self {
-            Algorithm::Bucket(_) => state,
+            Algorithm::Bucket(_) | Algorithm::Pool(_) => state,
             Algorithm::Window(w) => w.level(state, now_ns),
         }
     }
@@ -40,6 +45,7 @@ impl Algorithm {
         match self {
             Algorithm::Bucket(b) => state > b.scaled_now(now_ns),
             Algorithm::Window(w) => w.level(state, now_ns) > 0,
+            Algorithm::Pool(_) => Pool::decode(state).live(now_ns / 1_000_000) > 0,
         }
     }
 
@@ -48,13 +54,15 @@ impl Algorithm {
         match self {
             Algorithm::Bucket(b) => b.empty_tat(now_ns),
             Algorithm::Window(w) => w.exhausted(now_ns),
+            // An empty pool: no tokens (corrupt state never admits).
+            Algorithm::Pool(_) => 0,
         }
     }
 
     /// The smallest state at least as full as both, from now on.
     pub fn merge(&self, a: u128, b: u128) -> u128 {
         match self {
-            Algorithm::Bucket(_) => a.max(b),
+            Algorithm::Bucket(_) | Algorithm::Pool(_) => a.max(b),
             Algorithm::Window(w) => w.merge(a, b),
         }
     }
@@ -64,6 +72,7 @@ impl Algorithm {
         match self {
             Algorithm::Bucket(b) => b.burst,
             Algorithm::Window(w) => w.limit,
+            Algorithm::Pool(p) => p.quota,
         }
     }
 
@@ -75,6 +84,7 @@ impl Algorithm {
                 (b.burst as u128 * b.period_ns as u128).div_ceil(b.rate as u128)
             }
             Algorithm::Window(w) => u128::from(w.window_ns),
+            Algorithm::Pool(p) => u128::from(p.window_ns),
         }
     }
 }

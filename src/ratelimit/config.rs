@@ -3,6 +3,8 @@
 
 use super::algorithm::Algorithm;
 pub use super::bucket::BucketSpec;
+use super::global::config::{self as global_config, GlobalSpec, RawGlobal};
+use super::global::pool::PoolSpec;
 use super::window::WindowSpec;
 use crate::config::fields::{
     check_name, err, header_name, positive, validate_match, ConfigError, RawMatch, Strict,
@@ -51,6 +53,10 @@ pub struct RawRule {
     pub max_delay: Option<String>,
     #[serde(default)]
     pub max_delayed: Option<i64>,
+    /// Tokens from a rate-limit service shared by the fleet (see
+    /// `ratelimit::global`).
+    #[serde(default)]
+    pub global: Option<Strict<RawGlobal>>,
 }
 
 /// `algorithm`: how a rule counts.
@@ -134,6 +140,18 @@ pub struct RuleSpec {
     pub shadow: bool,
     pub max_keys: u32,
     pub shaping: Option<Shaping>,
+    /// A global rule: `algorithm` is its pool of tokens from the service.
+    pub global: Option<Box<GlobalRuleSpec>>,
+}
+
+/// A global rule's settings: the service, the fleet-wide limit (the
+/// rule's `bucket` or `window`, for the headers), and the local backstop
+/// (that limit times the share) used while the service is down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalRuleSpec {
+    pub service: GlobalSpec,
+    pub limit: Algorithm,
+    pub backstop: Algorithm,
 }
 
 /// Longest accepted sliding window (a year): longer quotas are contracts,
@@ -151,6 +169,30 @@ pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     let cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
     let max_keys = validate_max_keys(at, raw.max_keys)?;
     let shaping = validate_shaping(at, raw.on_limit, raw.max_delay, raw.max_delayed, &algorithm)?;
+    let global = match raw.global {
+        Some(g) if shaping.is_some() => {
+            drop(g);
+            return Err(err(
+                format!("{at}.on_limit"),
+                "delay (shaping) does not apply to a global rule",
+            ));
+        }
+        Some(g) => Some(Box::new(validate_global(
+            at,
+            g.into_inner(),
+            &raw.key,
+            algorithm,
+        )?)),
+        None => None,
+    };
+    let algorithm = match &global {
+        Some(g) => Algorithm::Pool(PoolSpec {
+            quota: g.limit.quota(),
+            window_ns: u64::try_from(g.limit.window_ns()).unwrap_or(u64::MAX),
+            retry_ns: super::global::STARVED_WAIT_NS,
+        }),
+        None => algorithm,
+    };
     for (j, part) in raw.key.iter().enumerate() {
         part.validate()
             .map_err(|p| err(format!("{at}.key[{j}]"), p))?;
@@ -165,6 +207,36 @@ pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
         shadow: raw.shadow,
         max_keys,
         shaping,
+        global,
+    })
+}
+
+/// `global`, over the rule's limit: its backstop is the limit times the
+/// share, never below one request.
+fn validate_global(
+    at: &str,
+    raw: RawGlobal,
+    key: &[KeyPart],
+    limit: Algorithm,
+) -> Result<GlobalRuleSpec, ConfigError> {
+    let service = global_config::validate(at, raw, key)?;
+    let scale = |n: u64| ((n as f64 * service.share).floor() as u64).max(1);
+    let backstop = match limit {
+        Algorithm::Bucket(b) => Algorithm::Bucket(BucketSpec {
+            rate: scale(b.rate),
+            period_ns: b.period_ns,
+            burst: scale(b.burst),
+        }),
+        Algorithm::Window(w) => Algorithm::Window(WindowSpec {
+            limit: scale(w.limit),
+            window_ns: w.window_ns,
+        }),
+        Algorithm::Pool(_) => limit,
+    };
+    Ok(GlobalRuleSpec {
+        service,
+        limit,
+        backstop,
     })
 }
 
@@ -173,7 +245,7 @@ impl RuleSpec {
     pub fn bucket(&self) -> Option<&BucketSpec> {
         match &self.algorithm {
             Algorithm::Bucket(b) => Some(b),
-            Algorithm::Window(_) => None,
+            Algorithm::Window(_) | Algorithm::Pool(_) => None,
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod algorithm;
 pub mod bucket;
 pub mod codec;
 pub mod config;
+pub mod global;
 pub mod reply;
 pub mod shaping;
 pub mod stage;
@@ -97,6 +98,8 @@ pub struct Evaluation {
     /// For a held request: its charges, to give back if it leaves before
     /// its turn (see `Limiter::give_back`).
     pub reservations: Vec<Reservation>,
+    /// The global rules that matched, with the key's hash: their demand.
+    pub global_keys: Vec<(usize, u64)>,
 }
 
 /// A charge a held request made: the slot, its state before and after.
@@ -123,6 +126,18 @@ struct Ask {
 pub struct Rule {
     pub spec: RuleSpec,
     pub prefix: String,
+    /// A global rule's two tables: its pools, and its local backstop.
+    pub global: Option<GlobalTables>,
+}
+
+/// The tables of a global rule; `Rule::prefix` and `Rule::spec.algorithm`
+/// are those of the one in use.
+#[derive(Debug, Clone)]
+pub struct GlobalTables {
+    pub pool_prefix: String,
+    pub pool: Algorithm,
+    pub backstop_prefix: String,
+    pub backstop: Algorithm,
 }
 
 /// The limiter for one configuration.
@@ -172,6 +187,14 @@ fn table_id(domain: &str, spec: &RuleSpec) -> u32 {
         // As before windows existed: a bucket keeps its table on upgrade.
         Algorithm::Bucket(b) => id.num(b.rate).num(b.period_ns).num(b.burst),
         Algorithm::Window(w) => id.text("sliding_window").num(w.limit).num(w.window_ns),
+        Algorithm::Pool(p) => {
+            let g = spec.global.as_deref().map(|g| &g.service);
+            id.text("global")
+                .num(p.quota)
+                .num(p.window_ns)
+                .text(g.map_or("", |g| g.cluster.as_str()))
+                .text(g.and_then(|g| g.domain.as_deref()).unwrap_or(domain))
+        }
     };
     for part in &spec.key {
         id = id.text(part.encode());
@@ -195,9 +218,21 @@ impl Limiter {
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
             check_state_id("rate_limits", i, &prefix, earlier)?;
+            let global = spec.global.as_deref().map(|g| {
+                let mut backstop = spec.clone();
+                backstop.algorithm = g.backstop;
+                backstop.name.push_str("/backstop");
+                GlobalTables {
+                    pool_prefix: prefix.clone(),
+                    pool: spec.algorithm,
+                    backstop_prefix: format!("sl{:08x}/", table_id(&config.domain, &backstop)),
+                    backstop: g.backstop,
+                }
+            });
             rules.push(Rule {
                 prefix,
                 spec: spec.clone(),
+                global,
             });
         }
         Ok(Limiter {
@@ -247,19 +282,42 @@ impl Limiter {
     /// Returns how many slots this call created.
     pub fn create_tables(&self, store: &dyn Store) -> Result<u32, StoreError> {
         let mut created = 0;
-        for rule in 0..self.rules.len() {
-            created += self.create_table(store, rule)?;
+        for (i, rule) in self.rules.iter().enumerate() {
+            let len = self.table_len(i);
+            created += Self::create_table(store, &rule.prefix, len)?;
+            if let Some(g) = &rule.global {
+                for prefix in [&g.pool_prefix, &g.backstop_prefix] {
+                    if *prefix != rule.prefix {
+                        created += Self::create_table(store, prefix, len)?;
+                    }
+                }
+            }
         }
         Ok(created)
+    }
+
+    /// Serves global rule `rule` from its backstop (`true`) or from its
+    /// pools (`false`).
+    pub fn use_backstop(&mut self, rule: usize, on: bool) {
+        let Some(r) = self.rules.get_mut(rule) else {
+            return;
+        };
+        let Some(g) = &r.global else { return };
+        let (prefix, algorithm) = if on {
+            (&g.backstop_prefix, g.backstop)
+        } else {
+            (&g.pool_prefix, g.pool)
+        };
+        r.prefix.clone_from(prefix);
+        r.spec.algorithm = algorithm;
     }
 
     /// Creates one rule's missing slots, unless its table is marked
     /// complete: then one read is all a configuration costs, whatever
     /// `max_keys` (every VM configures on every update, and a table of a
     /// million slots took seconds to check).
-    fn create_table(&self, store: &dyn Store, rule: usize) -> Result<u32, StoreError> {
-        let len = self.table_len(rule);
-        let marker_key = self.complete_key(rule);
+    fn create_table(store: &dyn Store, prefix: &str, len: u32) -> Result<u32, StoreError> {
+        let marker_key = format!("{prefix}complete");
         let marker = codec::table_marker(len);
         if let Some(found) = store.get(&marker_key)? {
             if found.bytes == marker {
@@ -273,7 +331,7 @@ impl Limiter {
         .encode();
         let mut created = 0;
         for slot in 0..len {
-            let key = self.slot_key(rule, slot);
+            let key = global::slot_key(prefix, slot);
             if store.get(&key)?.is_none() {
                 store.set(&key, &empty, None)?;
                 created += 1;
@@ -281,13 +339,6 @@ impl Limiter {
         }
         store.set(&marker_key, &marker, None)?;
         Ok(created)
-    }
-
-    /// The key of a rule's "table complete" marker (slot keys end in
-    /// digits, so it cannot be one).
-    fn complete_key(&self, rule: usize) -> String {
-        let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
-        format!("{prefix}complete")
     }
 
     /// The request's cost for a rule: the header value if it is a positive
@@ -327,12 +378,13 @@ impl Limiter {
     ) -> Evaluation {
         let mut pending = Vec::new();
         let mut reports = Vec::new();
+        let mut global_keys = Vec::new();
         for (i, rule) in self.rules.iter().enumerate() {
             let spec = &rule.spec;
             if !spec.matcher.matches(req) {
                 continue;
             }
-            let Some(placement) = place(
+            let Some(mut placement) = place(
                 &spec.key,
                 spec.on_missing_key,
                 self.seed,
@@ -341,6 +393,12 @@ impl Limiter {
             ) else {
                 continue;
             };
+            if rule.global.is_some() {
+                global_keys.push((i, placement.fingerprint));
+                if matches!(spec.algorithm, Algorithm::Pool(_)) {
+                    placement.count = 1; // a pool is one key's, in one slot
+                }
+            }
             let cost = Self::cost(spec, req);
             let slack_ns = match spec.shaping {
                 Some(sh) if !spec.shadow => sh.max_delay_ns.min(cap(i)),
@@ -357,7 +415,9 @@ impl Limiter {
                 None => reports.push(self.failure_report(i, cost, 0)),
             }
         }
-        self.settle(store, now_ns, pending, reports)
+        let mut eval = self.settle(store, now_ns, pending, reports);
+        eval.global_keys = global_keys;
+        eval
     }
 
     fn failure_report(&self, rule: usize, cost: u64, cas_retries: u32) -> RuleReport {
@@ -394,7 +454,12 @@ impl Limiter {
             .min_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
             .map_or(0, |(i, _)| i);
         let state = reads.get(decision)?.slot;
-        let outcome = algorithm.decide(state.tat, now_ns, cost, slack_ns);
+        // A pool holds one key's tokens: another key's are not ours.
+        let tat = match algorithm {
+            Algorithm::Pool(_) if state.fingerprint != placement.tag() => 0,
+            _ => state.tat,
+        };
+        let outcome = algorithm.decide(tat, now_ns, cost, slack_ns);
         if !outcome.allowed() && reads.iter().any(|r| r.remembered) {
             // No write will check a remembered value behind a refusal.
             return self.read(store, ask, now_ns, true);
@@ -575,6 +640,7 @@ impl Limiter {
             reports,
             delay_ns,
             reservations,
+            global_keys: Vec::new(),
         }
     }
 
@@ -631,6 +697,7 @@ impl Limiter {
             reports,
             delay_ns: 0,
             reservations: Vec::new(),
+            global_keys: Vec::new(),
         }
     }
 

@@ -206,6 +206,7 @@ mod tests {
             reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)],
             delay_ns: 0,
             reservations: Vec::new(),
+            global_keys: Vec::new(),
         };
         let Action::Reject(r) = action(
             &eval,
@@ -237,6 +238,7 @@ mod tests {
             reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
             delay_ns: 0,
             reservations: Vec::new(),
+            global_keys: Vec::new(),
         };
         let off = action(
             &eval,

@@ -3,6 +3,7 @@
 //! a request a shaping rule delayed until its turn.
 
 use super::config::RuleSpec;
+use super::global::{CallResult, Coordinator, GlobalRule, Mode, Report, Service};
 use super::reply::{action, Action, PolicyInfo};
 use super::shaping::{Held, HeldList};
 use super::{Evaluation, Limiter, RuleResult};
@@ -12,7 +13,7 @@ use crate::duration::NS_PER_MS;
 use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
-use log::info;
+use log::{info, warn};
 
 /// Metric ids of one rule (labels `domain`, `rule`).
 #[derive(Default, Clone, Copy)]
@@ -42,18 +43,55 @@ pub struct RateLimits {
     /// Held requests never wait past their deadline, and go upstream with
     /// it reduced by the wait.
     deadlines: Option<DeadlineSpec>,
+    /// Global rules: their coordinator, and each rule's index among them.
+    global: Option<Coordinator>,
+    global_of: Vec<Option<usize>>,
+    global_metrics: Vec<GlobalMetrics>,
+    leader_metric: MetricId,
+}
+
+/// Tokens granted by the service, and dropped unspent.
+#[derive(Default, Clone, Copy)]
+struct TokenMetrics {
+    granted: MetricId,
+    dropped: MetricId,
+}
+
+/// Metric ids of one global rule (labels `domain`, `rule`).
+#[derive(Default, Clone, Copy)]
+struct GlobalMetrics {
+    mode: MetricId,
+    /// Calls: ok, over_limit, error.
+    calls: [MetricId; 3],
+    tokens: TokenMetrics,
 }
 
 /// The stage, if the configuration has rules.
 pub fn build(
     config: &Config,
     seed: (u64, u64),
+    vm: u64,
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
     if config.rules.is_empty() {
         return Ok(None);
     }
     let limiter = Limiter::new(config, seed)?;
+    let (global, global_of) = coordinator(config, &limiter, vm);
+    let global_metrics = config
+        .rules
+        .iter()
+        .filter(|r| r.global.is_some())
+        .map(|r| global_metrics(reg, &config.domain, &r.name))
+        .collect();
+    let leader_metric = match global {
+        Some(_) => reg.labelled(
+            Kind::Gauge,
+            "sluice_global_leader",
+            &[("domain", &config.domain)],
+        ),
+        None => 0,
+    };
     let metrics = config
         .rules
         .iter()
@@ -73,7 +111,87 @@ pub fn build(
         shaping,
         held: HeldList::new(config.rules.len()),
         deadlines: config.deadlines.clone(),
+        global,
+        global_of,
+        global_metrics,
+        leader_metric,
     })))
+}
+
+/// The coordinator of the configuration's global rules, if it has any,
+/// and each rule's index among them.
+fn coordinator(
+    config: &Config,
+    limiter: &Limiter,
+    vm: u64,
+) -> (Option<Coordinator>, Vec<Option<usize>>) {
+    let mut rules = Vec::new();
+    let mut services: Vec<Service> = Vec::new();
+    let mut of = vec![None; config.rules.len()];
+    for (i, rule) in limiter.rules.iter().enumerate() {
+        let (Some(g), Some(tables)) = (rule.spec.global.as_deref(), &rule.global) else {
+            continue;
+        };
+        let spec = &g.service;
+        let service = match services.iter().position(|s| s.cluster == spec.cluster) {
+            Some(s) => s,
+            None => {
+                services.push(Service::new(&config.domain, spec));
+                services.len() - 1
+            }
+        };
+        if let Some(o) = of.get_mut(i) {
+            *o = Some(rules.len());
+        }
+        rules.push(GlobalRule {
+            rule: i,
+            spec: spec.clone(),
+            domain: spec.domain.clone().unwrap_or_else(|| config.domain.clone()),
+            pool_prefix: tables.pool_prefix.clone(),
+            table_len: limiter.table_len(i),
+            window_ms: u64::try_from(g.limit.window_ns() / 1_000_000)
+                .unwrap_or(u64::MAX)
+                .max(1),
+            service,
+            quota: g.limit.quota(),
+        });
+    }
+    if rules.is_empty() {
+        return (None, of);
+    }
+    (
+        Some(Coordinator::new(&config.domain, rules, services, vm)),
+        of,
+    )
+}
+
+/// The coordinator of a configuration, for the core's tests.
+#[cfg(test)]
+pub fn test_coordinator(config: &Config, limiter: &Limiter, vm: u64) -> Option<Coordinator> {
+    coordinator(config, limiter, vm).0
+}
+
+/// The metrics of one global rule.
+fn global_metrics(reg: &mut Registry, domain: &str, rule: &str) -> GlobalMetrics {
+    let labels = [("domain", domain), ("rule", rule)];
+    GlobalMetrics {
+        mode: reg.labelled(Kind::Gauge, "sluice_global_mode", &labels),
+        calls: reg.variants(
+            "sluice_global_calls_total",
+            &labels,
+            "result",
+            ["ok", "over_limit", "error"],
+        ),
+        tokens: {
+            let [granted, dropped] = reg.variants(
+                "sluice_global_tokens_total",
+                &labels,
+                "result",
+                ["granted", "dropped"],
+            );
+            TokenMetrics { granted, dropped }
+        },
+    }
 }
 
 /// The metrics of one rule (labels `domain`, `rule`).
@@ -166,6 +284,7 @@ impl Stage for RateLimits {
         }
         let eval = self.limiter.evaluate(cx.store(), now, req);
         self.record(cx, &eval);
+        self.note_demand(cx, &eval, req);
         self.answer(cx, &eval)
     }
 
@@ -190,6 +309,11 @@ impl Stage for RateLimits {
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
+        if let Some(g) = self.global.as_mut() {
+            let now_ms = cx.now_ms();
+            let report = g.tick(cx.store(), now_ms, cx.rng);
+            self.apply(cx, report);
+        }
         if self.held.is_empty() {
             return;
         }
@@ -217,6 +341,103 @@ impl Stage for RateLimits {
 
     fn wants_fast_tick(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    fn call_done(&mut self, cx: &mut Cx<'_, '_>, id: u64, body: Option<&[u8]>) {
+        if let Some(g) = self.global.as_mut() {
+            let now_ms = cx.now_ms();
+            let report = g.done(cx.store(), now_ms, cx.rng, id, body);
+            self.apply(cx, report);
+        }
+    }
+
+    fn close(&mut self, cx: &mut Cx<'_, '_>) {
+        if let Some(g) = self.global.as_mut() {
+            if g.is_leader() {
+                cx.add(self.leader_metric, -1);
+            }
+            g.close(cx.store());
+        }
+    }
+}
+
+impl RateLimits {
+    /// Notes the demand of the global rules a request matched (reading
+    /// the key's parts only the first time in a report interval).
+    fn note_demand(&mut self, cx: &mut Cx<'_, '_>, eval: &Evaluation, req: &dyn RequestView) {
+        let Some(g) = self.global.as_mut() else {
+            return;
+        };
+        for &(rule, fp) in &eval.global_keys {
+            let (Some(Some(gi)), Some(r)) =
+                (self.global_of.get(rule), self.limiter.rules.get(rule))
+            else {
+                continue;
+            };
+            // Refused for want of tokens (not over the limit: that waits
+            // for the reset, not a second).
+            let starved = eval.reports.iter().any(|x| {
+                x.rule == rule
+                    && matches!(x.result, RuleResult::Limited | RuleResult::ShadowLimited)
+                    && x.wait_ns == super::global::STARVED_WAIT_NS
+            });
+            g.note(cx.store(), *gi, fp, starved, || {
+                crate::keys::values(&r.spec.key, req)
+            });
+        }
+    }
+
+    /// Carries out what the coordinator reports: calls to start, modes to
+    /// switch, metrics and logs.
+    fn apply(&mut self, cx: &mut Cx<'_, '_>, report: Report) {
+        let Some(g) = self.global.as_ref() else {
+            return;
+        };
+        cx.calls.extend(report.calls);
+        for (gi, mode) in report.modes {
+            let Some(rule) = g.rules.get(gi).map(|r| r.rule) else {
+                continue;
+            };
+            self.limiter.use_backstop(rule, mode == Mode::Backstop);
+            if let Some(m) = self.global_metrics.get(gi) {
+                cx.record(m.mode, mode.gauge());
+            }
+        }
+        for (i, state) in report.transitions {
+            if let Some(s) = g.services.get(i) {
+                warn!(
+                    "sluice: rate-limit service {} breaker now {:?}",
+                    s.cluster, state
+                );
+            }
+        }
+        if let Some(lead) = report.leader {
+            cx.add_now(self.leader_metric, if lead { 1 } else { -1 });
+            if lead {
+                info!("sluice: this VM now speaks to the rate-limit service(s)");
+            }
+        }
+        for (gi, result) in report.results {
+            if let Some(m) = self.global_metrics.get(gi) {
+                let [ok, over, error] = m.calls;
+                let id = match result {
+                    CallResult::Ok => ok,
+                    CallResult::OverLimit => over,
+                    CallResult::Error => error,
+                };
+                cx.add(id, 1);
+            }
+        }
+        for (gi, n) in report.granted {
+            if let Some(m) = self.global_metrics.get(gi) {
+                cx.add(m.tokens.granted, n as i64);
+            }
+        }
+        for (gi, n) in report.dropped {
+            if let Some(m) = self.global_metrics.get(gi) {
+                cx.add(m.tokens.dropped, n as i64);
+            }
+        }
     }
 }
 
@@ -268,6 +489,7 @@ impl RateLimits {
         };
         let eval = limiter.evaluate_shaped(cx.store(), now, req, &cap);
         self.record(cx, &eval);
+        self.note_demand(cx, &eval, req);
         if eval.delay_ns == 0 || !matches!(eval.verdict, super::Verdict::Allow) {
             return self.answer(cx, &eval);
         }

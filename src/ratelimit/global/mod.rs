@@ -1,0 +1,803 @@
+//! Global rules: a rule whose tokens come from a rate-limit service shared
+//! by every Envoy of a fleet (Envoy's RLS protocol), without a call on the
+//! request path.
+//!
+//! - A request spends a token this Envoy already holds for its key (the
+//!   key's [`pool::Pool`] in the rule's slot table, with the limiter's CAS
+//!   transaction, exact across workers). Every token was counted at the
+//!   service before it was put there, so the fleet never admits more than
+//!   the service granted.
+//! - Each VM notes which keys wanted tokens; on its tick it adds that
+//!   demand to one shared record ([`codec::Want`]).
+//! - One VM per Envoy, the leader (a lease in shared data, renewed on its
+//!   tick, taken over by another VM when it lapses), reads the demand,
+//!   estimates each key's rate, and from its tick asks the service for
+//!   batches of tokens ahead of need (`hits_addend`: a second of demand by
+//!   default, at most `max_batch`, fewer as the service's remaining count
+//!   runs low). A grant goes into the key's pool; an over-limit answer
+//!   blocks the key until the service's reset.
+//! - A breaker on the service (failed calls in a row; open for the
+//!   cool-down plus up to 20%, then one probe) is shared in shared data:
+//!   while it is not closed, every VM serves its global rules from a local
+//!   backstop bucket of limit x share, or, with `failure_mode_deny`,
+//!   spends what it holds and then refuses.
+
+pub mod codec;
+pub mod config;
+pub mod pool;
+pub mod proto;
+#[cfg(test)]
+mod tests;
+
+use crate::config::fields::StateId;
+use crate::hash::FastMap;
+use crate::rng::SplitMix;
+use crate::store::{Store, StoreError};
+use codec::{Health, HealthState, Lease, Want};
+use config::GlobalSpec;
+use pool::Pool;
+
+pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+pub const METHOD: &str = "ShouldRateLimit";
+/// How long a leader's lease lasts without renewal (renewed every tick).
+pub const LEASE_MS: u64 = 1_000;
+/// Most keys a VM notes between two reports (more wait for the next).
+pub const MAX_LOCAL_KEYS: usize = 10_000;
+/// Most keys the leader tracks, and most calls it starts per tick.
+pub const MAX_KEYS: usize = 100_000;
+pub const MAX_CALLS_PER_TICK: usize = 512;
+/// How soon a request refused for want of tokens (the key's pool is being
+/// filled; not over its limit) is told to come back.
+pub const STARVED_WAIT_NS: u64 = 1_000_000_000;
+/// A key without demand for this long is forgotten by the leader.
+const IDLE_MS: u64 = 30_000;
+
+/// A call to make through the host (gRPC, unary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub id: u64,
+    pub cluster: String,
+    pub service: &'static str,
+    pub method: &'static str,
+    pub message: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+/// How a global rule is served now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Tokens from the service.
+    #[default]
+    Service,
+    /// The service is down: the local backstop bucket.
+    Backstop,
+    /// The service is down and the rule fails closed: held tokens only.
+    Deny,
+}
+
+impl Mode {
+    /// The value of the `sluice_global_mode` gauge.
+    pub fn gauge(self) -> u64 {
+        match self {
+            Mode::Service => 0,
+            Mode::Backstop => 1,
+            Mode::Deny => 2,
+        }
+    }
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallResult {
+    Ok,
+    OverLimit,
+    Error,
+}
+
+/// A global rule as the coordinator sees it.
+#[derive(Debug, Clone)]
+pub struct GlobalRule {
+    /// The rule's index in the configuration.
+    pub rule: usize,
+    pub spec: GlobalSpec,
+    /// The RLS domain (the section's, or the configuration's).
+    pub domain: String,
+    /// Key prefix and length of the table of pools.
+    pub pool_prefix: String,
+    pub table_len: u32,
+    /// The rule's window (ms): tokens' lifetime when the service says
+    /// nothing of its own.
+    pub window_ms: u64,
+    /// Index of the rule's service (its cluster) in `Coordinator::services`.
+    pub service: usize,
+    /// The rule's own statement of the limit (per window).
+    pub quota: u64,
+}
+
+/// What happened during a call into the coordinator, for metrics and the
+/// limiter.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub calls: Vec<Call>,
+    /// (global rule, tokens) granted by the service.
+    pub granted: Vec<(usize, u64)>,
+    /// (global rule, tokens) paid for and dropped unspent: their window
+    /// ended, or another key took the slot.
+    pub dropped: Vec<(usize, u64)>,
+    /// (global rule, result) of finished calls.
+    pub results: Vec<(usize, CallResult)>,
+    /// Whether this VM became (true) or stopped being (false) the leader.
+    pub leader: Option<bool>,
+    /// Rules whose mode changed.
+    pub modes: Vec<(usize, Mode)>,
+    /// Breaker transitions: (service, new state).
+    pub transitions: Vec<(usize, HealthState)>,
+}
+
+/// The leader's view of one key.
+#[derive(Debug, Clone)]
+struct Key {
+    values: Vec<Vec<u8>>,
+    /// Requests per second, smoothed.
+    rate: f64,
+    pending: u64,
+    /// The demand of the last tick.
+    last_pending: u64,
+    last_demand_ms: u64,
+    inflight: bool,
+    blocked_until_ms: u64,
+    /// What the service said remained of the key's limit, last time.
+    remaining: Option<u64>,
+}
+
+/// One rate-limit service (cluster): its breaker, as the leader keeps it.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub cluster: String,
+    pub health_key: String,
+    pub health: Health,
+    pub failures: u32,
+    pub cooldown_ms: u64,
+    pub timeout_ms: u64,
+}
+
+/// The global rules of one configuration, in one VM.
+pub struct Coordinator {
+    pub rules: Vec<GlobalRule>,
+    pub services: Vec<Service>,
+    me: u64,
+    leader: bool,
+    lease_key: String,
+    want_key: String,
+    /// Demand noted by this VM since its last report, by (rule, key hash).
+    local: FastMap<(u8, u64), Want>,
+    keys: FastMap<(u8, u64), Key>,
+    calls: FastMap<u64, (u8, u64, u32)>,
+    next_call: u64,
+    last_tick_ms: u64,
+    modes: Vec<Mode>,
+}
+
+/// The shared-data key of a slot (as `Limiter::slot_key`).
+pub fn slot_key(prefix: &str, slot: u32) -> String {
+    format!("{prefix}{slot}")
+}
+
+impl Coordinator {
+    /// `me`: a random id of this VM.
+    pub fn new(
+        config_domain: &str,
+        rules: Vec<GlobalRule>,
+        services: Vec<Service>,
+        me: u64,
+    ) -> Self {
+        let mut id = StateId::new((0x676c_6f62_616c, 0x006c_6561_7365), config_domain);
+        for r in &rules {
+            id = id.text(&r.pool_prefix);
+        }
+        let id = id.finish();
+        let modes = vec![Mode::Service; rules.len()];
+        Coordinator {
+            rules,
+            services,
+            me,
+            leader: false,
+            lease_key: format!("sg{id:08x}/lease"),
+            want_key: format!("sg{id:08x}/want"),
+            local: FastMap::default(),
+            keys: FastMap::default(),
+            calls: FastMap::default(),
+            next_call: 1,
+            last_tick_ms: 0,
+            modes,
+        }
+    }
+
+    /// The shared-data key of the breaker on a service.
+    pub fn health_key(config_domain: &str, cluster: &str) -> String {
+        let id = StateId::new((0x676c_6f62_616c, 0x6865_616c_7468), config_domain)
+            .text(cluster)
+            .finish();
+        format!("sg{id:08x}/health")
+    }
+
+    /// Whether this VM is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+
+    /// The current mode of global rule `g`.
+    pub fn mode(&self, g: usize) -> Mode {
+        self.modes.get(g).copied().unwrap_or_default()
+    }
+
+    /// Whether the request path must read the key's parts to note its
+    /// demand (the first time in a report interval).
+    pub fn knows(&self, g: usize, fingerprint: u64) -> bool {
+        self.local.contains_key(&(g as u8, fingerprint))
+    }
+
+    /// Notes that a request wanted a token of global rule `g` for a key;
+    /// `values` reads the key's parts (called only for a key not yet noted
+    /// since the last report). A key found without tokens (`starved`, not
+    /// over its limit) is reported at once rather than on the next tick,
+    /// so that its first tokens come a tick sooner.
+    pub fn note(
+        &mut self,
+        store: &dyn Store,
+        g: usize,
+        fingerprint: u64,
+        starved: bool,
+        values: impl FnOnce() -> Vec<Vec<u8>>,
+    ) {
+        if let Some(w) = self.local.get_mut(&(g as u8, fingerprint)) {
+            w.count = w.count.saturating_add(1);
+            return;
+        }
+        if self.local.len() >= MAX_LOCAL_KEYS {
+            return;
+        }
+        self.local.insert(
+            (g as u8, fingerprint),
+            Want {
+                rule: g as u8,
+                fingerprint,
+                count: 1,
+                values: values(),
+            },
+        );
+        if starved {
+            self.report_demand(store);
+        }
+    }
+
+    /// Periodic work of every VM: report demand, hold or seek the lease,
+    /// lead if it holds it, and follow the services' breakers.
+    pub fn tick(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix) -> Report {
+        let mut report = Report::default();
+        self.report_demand(store);
+        let was = self.leader;
+        self.leader = self.hold_lease(store, now_ms);
+        if was != self.leader {
+            report.leader = Some(self.leader);
+        }
+        if self.leader {
+            self.lead(store, now_ms, rng, &mut report);
+        }
+        self.follow_health(store, &mut report);
+        report
+    }
+
+    /// Adds this VM's demand to the shared record.
+    fn report_demand(&mut self, store: &dyn Store) {
+        if self.local.is_empty() {
+            return;
+        }
+        for _ in 0..8 {
+            let (mut merged, cas) = match store.get(&self.want_key) {
+                Ok(Some(e)) => (codec::decode_wants(&e.bytes).unwrap_or_default(), e.cas),
+                Ok(None) => (Vec::new(), None),
+                Err(_) => return,
+            };
+            let mut at: FastMap<(u8, u64), usize> = merged
+                .iter()
+                .enumerate()
+                .map(|(i, w)| ((w.rule, w.fingerprint), i))
+                .collect();
+            for (k, w) in &self.local {
+                match at.get(k).and_then(|&i| merged.get_mut(i)) {
+                    Some(m) => m.count = m.count.saturating_add(w.count),
+                    None => {
+                        at.insert(*k, merged.len());
+                        merged.push(w.clone());
+                    }
+                }
+            }
+            let (bytes, _) = codec::encode_wants(merged.iter());
+            match store.set(&self.want_key, &bytes, cas) {
+                Ok(()) => {
+                    self.local.clear();
+                    return;
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(StoreError::Unavailable) => return,
+            }
+        }
+    }
+
+    /// Renews or takes the lease; returns whether this VM holds it.
+    fn hold_lease(&self, store: &dyn Store, now_ms: u64) -> bool {
+        let (current, cas) = match store.get(&self.lease_key) {
+            Ok(Some(e)) => (Lease::decode(&e.bytes).ok(), e.cas),
+            Ok(None) => (None, None),
+            Err(_) => return false,
+        };
+        if let Some(l) = current {
+            if l.owner != self.me && l.until_ms > now_ms {
+                return false;
+            }
+        }
+        let lease = Lease {
+            owner: self.me,
+            until_ms: now_ms + LEASE_MS,
+        };
+        store.set(&self.lease_key, &lease.encode(), cas).is_ok()
+    }
+
+    /// Gives the lease up (the configuration is going away).
+    pub fn resign(&mut self, store: &dyn Store) {
+        if !self.leader {
+            return;
+        }
+        self.leader = false;
+        if let Ok(Some(e)) = store.get(&self.lease_key) {
+            if Lease::decode(&e.bytes).is_ok_and(|l| l.owner == self.me) {
+                let lease = Lease {
+                    owner: self.me,
+                    until_ms: 0,
+                };
+                let _ = store.set(&self.lease_key, &lease.encode(), e.cas);
+            }
+        }
+    }
+
+    /// Reads the breakers and sets each rule's mode.
+    fn follow_health(&mut self, store: &dyn Store, report: &mut Report) {
+        for s in self.services.iter_mut() {
+            if let Ok(Some(e)) = store.get(&s.health_key) {
+                if let Ok(h) = Health::decode(&e.bytes) {
+                    s.health = h;
+                }
+            }
+        }
+        for (g, r) in self.rules.iter().enumerate() {
+            let down = self
+                .services
+                .get(r.service)
+                .is_some_and(|s| s.health.down());
+            let mode = match (down, r.spec.failure_mode_deny) {
+                (false, _) => Mode::Service,
+                (true, false) => Mode::Backstop,
+                (true, true) => Mode::Deny,
+            };
+            if let Some(m) = self.modes.get_mut(g) {
+                if *m != mode {
+                    *m = mode;
+                    report.modes.push((g, mode));
+                }
+            }
+        }
+    }
+
+    /// The leader's work: take in the demand, move the breakers on, and
+    /// ask for the tokens the keys will need.
+    fn lead(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix, report: &mut Report) {
+        let dt_ms = match self.last_tick_ms {
+            0 => 100,
+            last => now_ms.saturating_sub(last).clamp(1, 10_000),
+        };
+        self.last_tick_ms = now_ms;
+        self.take_demand(store, now_ms);
+        for k in self.keys.values_mut() {
+            let seen = k.pending as f64 * 1_000.0 / dt_ms as f64;
+            k.rate = if k.rate == 0.0 {
+                seen
+            } else {
+                0.5 * k.rate + 0.5 * seen
+            };
+            k.last_pending = std::mem::take(&mut k.pending);
+        }
+        self.keys
+            .retain(|_, k| k.inflight || now_ms.saturating_sub(k.last_demand_ms) < IDLE_MS);
+        let mut probes: Vec<bool> = Vec::with_capacity(self.services.len());
+        for (i, s) in self.services.iter_mut().enumerate() {
+            probes.push(s.advance(store, now_ms, rng, i, report));
+        }
+        let mut due = Vec::new();
+        for (&(g, fp), k) in &self.keys {
+            let lead_ms = self.rules.get(g as usize).map_or(1_000, |r| r.spec.lead_ms);
+            if k.inflight || now_ms < k.blocked_until_ms || !k.wanted(lead_ms) {
+                continue;
+            }
+            due.push((g, fp));
+        }
+        // Oldest demand first would need an order; the busiest first is
+        // what matters when a tick cannot serve everyone.
+        due.sort_by(|a, b| {
+            let ra = self.keys.get(a).map_or(0.0, |k| k.rate);
+            let rb = self.keys.get(b).map_or(0.0, |k| k.rate);
+            rb.total_cmp(&ra)
+        });
+        for (g, fp) in due {
+            if report.calls.len() >= MAX_CALLS_PER_TICK {
+                break;
+            }
+            let Some(rule) = self.rules.get(g as usize) else {
+                continue;
+            };
+            let svc = rule.service;
+            match self.services.get(svc).map(|s| s.health.state) {
+                Some(HealthState::Closed) => {}
+                Some(HealthState::HalfOpen) if probes.get(svc) == Some(&true) => {
+                    if let Some(p) = probes.get_mut(svc) {
+                        *p = false; // one probe
+                    }
+                }
+                _ => continue,
+            }
+            if let Some(call) = self.plan(store, now_ms, g, fp) {
+                report.calls.push(call);
+            }
+        }
+    }
+
+    /// Moves the shared demand record into the leader's keys.
+    fn take_demand(&mut self, store: &dyn Store, now_ms: u64) {
+        for _ in 0..8 {
+            let (wants, cas) = match store.get(&self.want_key) {
+                Ok(Some(e)) => (codec::decode_wants(&e.bytes).unwrap_or_default(), e.cas),
+                _ => return,
+            };
+            if wants.is_empty() {
+                return;
+            }
+            let (empty, _) = codec::encode_wants(std::iter::empty());
+            match store.set(&self.want_key, &empty, cas) {
+                Ok(()) => {
+                    for w in wants {
+                        self.add_demand(w, now_ms);
+                    }
+                    return;
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(StoreError::Unavailable) => return,
+            }
+        }
+    }
+
+    fn add_demand(&mut self, w: Want, now_ms: u64) {
+        if usize::from(w.rule) >= self.rules.len() {
+            return;
+        }
+        let full = self.keys.len() >= MAX_KEYS;
+        let key = (w.rule, w.fingerprint);
+        if full && !self.keys.contains_key(&key) {
+            return;
+        }
+        let k = self.keys.entry(key).or_insert_with(|| Key {
+            values: w.values,
+            rate: 0.0,
+            pending: 0,
+            last_pending: 0,
+            last_demand_ms: now_ms,
+            inflight: false,
+            blocked_until_ms: 0,
+            remaining: None,
+        });
+        k.pending = k.pending.saturating_add(u64::from(w.count));
+        k.last_demand_ms = now_ms;
+    }
+
+    /// The call for a key whose pool runs low, if it does.
+    fn plan(&mut self, store: &dyn Store, now_ms: u64, g: u8, fp: u64) -> Option<Call> {
+        let rule = self.rules.get(g as usize)?;
+        let k = self.keys.get(&(g, fp))?;
+        let lead_s = rule.spec.lead_ms as f64 / 1_000.0;
+        // A lead's worth of demand, at most max_batch and half this Envoy's
+        // share of the limit (what a refused batch may waste).
+        let cap = u64::from(rule.spec.max_batch)
+            .min(((rule.quota as f64 * rule.spec.share / 2.0) as u64).max(1));
+        let mut batch = ((k.rate * lead_s).ceil() as u64).clamp(1, cap);
+        if let Some(left) = k.remaining {
+            // Near the limit, each Envoy asks for its share of what is left,
+            // so that a refused batch (counted by most servers) wastes little.
+            batch = batch.min(((left as f64 * rule.spec.share) as u64).max(1));
+        }
+        let (slot_key, tag) = pool_slot(rule, fp);
+        let live = match store.get(&slot_key) {
+            Ok(Some(e)) => match crate::ratelimit::codec::Slot::decode(&e.bytes) {
+                Ok(s) if s.fingerprint == tag => u64::from(Pool::decode(s.tat).live(now_ms)),
+                _ => 0,
+            },
+            _ => 0,
+        };
+        if live > batch / 2 {
+            return None;
+        }
+        let hits = batch.saturating_sub(live).max(1) as u32;
+        let parts: Vec<(&str, &[u8])> = rule
+            .spec
+            .descriptor_keys
+            .iter()
+            .map(String::as_str)
+            .zip(k.values.iter().map(Vec::as_slice))
+            .collect();
+        let message = proto::request(&rule.domain, &parts, hits);
+        let cluster = self.services.get(rule.service)?.cluster.clone();
+        let timeout_ms = rule.spec.timeout_ms;
+        let id = self.next_call;
+        self.next_call += 1;
+        self.calls.insert(id, (g, fp, hits));
+        if let Some(k) = self.keys.get_mut(&(g, fp)) {
+            k.inflight = true;
+        }
+        Some(Call {
+            id,
+            cluster,
+            service: SERVICE,
+            method: METHOD,
+            message,
+            timeout_ms,
+        })
+    }
+
+    /// A call the host could not start, or that ended: `body` is the
+    /// response on success, `None` on a gRPC error or timeout.
+    pub fn done(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        rng: &mut SplitMix,
+        id: u64,
+        body: Option<&[u8]>,
+    ) -> Report {
+        let mut report = Report::default();
+        let Some((g, fp, hits)) = self.calls.remove(&id) else {
+            return report;
+        };
+        if let Some(k) = self.keys.get_mut(&(g, fp)) {
+            k.inflight = false;
+        }
+        let gi = g as usize;
+        let Some(rule) = self.rules.get(gi) else {
+            return report;
+        };
+        let svc = rule.service;
+        let answer = body.and_then(|b| proto::response(b).ok());
+        let (result, status) = match answer {
+            Some(r) if r.overall == proto::Code::Ok => (CallResult::Ok, r.status),
+            Some(r) if r.overall == proto::Code::OverLimit => (CallResult::OverLimit, r.status),
+            _ => (CallResult::Error, proto::Status::default()),
+        };
+        report.results.push((gi, result));
+        if let Some(s) = self.services.get_mut(svc) {
+            s.record(
+                store,
+                now_ms,
+                rng,
+                result != CallResult::Error,
+                svc,
+                &mut report,
+            );
+        }
+        if result == CallResult::Error {
+            return report;
+        }
+        let until = window_end(now_ms, &status, rule.window_ms);
+        let (slot, tag) = pool_slot(rule, fp);
+        // A refused batch of several hits is followed by one of a single
+        // hit (a server that does not count refused hits may still have
+        // a few); a refused single hit blocks the key until the reset.
+        let block = result == CallResult::OverLimit && hits == 1;
+        let dropped = match result {
+            CallResult::Ok => {
+                report.granted.push((gi, u64::from(hits)));
+                update_pool(store, &slot, tag, now_ms, |old| {
+                    Pool::grant(old, hits, until, now_ms)
+                })
+            }
+            _ if block => update_pool(store, &slot, tag, now_ms, |old| {
+                Pool::block(old, until, now_ms)
+            }),
+            _ => 0,
+        };
+        if dropped > 0 {
+            report.dropped.push((gi, dropped));
+        }
+        if let Some(k) = self.keys.get_mut(&(g, fp)) {
+            k.remaining = match result {
+                CallResult::OverLimit => Some(0),
+                _ => status.remaining,
+            };
+            if block {
+                k.blocked_until_ms = until;
+            }
+        }
+        report
+    }
+
+    /// The configuration is going away.
+    pub fn close(&mut self, store: &dyn Store) {
+        self.resign(store);
+    }
+}
+
+impl Key {
+    /// Whether tokens should be fetched for the key: someone asked since
+    /// the last tick, or its rate expects a request within its lead.
+    fn wanted(&self, lead_ms: u64) -> bool {
+        self.last_pending > 0 || self.rate * lead_ms as f64 / 1_000.0 >= 0.5
+    }
+}
+
+/// The slot key and tag of a key's pool (the first slot `keys::place`
+/// gives it: a pool lives in one slot).
+fn pool_slot(rule: &GlobalRule, fingerprint: u64) -> (String, u32) {
+    let slot = if rule.table_len <= 1 {
+        0
+    } else {
+        (fingerprint % u64::from(rule.table_len)) as u32
+    };
+    (slot_key(&rule.pool_prefix, slot), (fingerprint as u32) | 1)
+}
+
+/// When tokens granted now stop being good: the end of the service's
+/// window, as early as any of its hints puts it (the time to its reset;
+/// its unit, windows aligned on the Unix epoch as envoyproxy/ratelimit
+/// counts them), else the end of the rule's own window.
+pub fn window_end(now_ms: u64, status: &proto::Status, window_ms: u64) -> u64 {
+    let mut ends = Vec::with_capacity(2);
+    if let Some(r) = status.reset_ms.filter(|&r| r > 0) {
+        ends.push(now_ms.saturating_add(r));
+    }
+    if let Some((_, unit)) = status.limit.filter(|&(_, u)| u > 0) {
+        ends.push((now_ms / unit + 1) * unit);
+    }
+    ends.into_iter().min().unwrap_or_else(|| {
+        let w = window_ms.max(1);
+        (now_ms / w + 1) * w
+    })
+}
+
+/// Rewrites a pool with CAS: `f` gets the key's pool (`None` if the slot
+/// holds another key's or nothing) and returns the new one and the live
+/// tokens it dropped. Returns the tokens dropped, the other key's live
+/// tokens included when its slot is taken.
+fn update_pool(
+    store: &dyn Store,
+    key: &str,
+    tag: u32,
+    now_ms: u64,
+    f: impl Fn(Option<Pool>) -> (Pool, u32),
+) -> u64 {
+    use crate::ratelimit::codec::Slot;
+    for _ in 0..16 {
+        let (old, cas) = match store.get(key) {
+            Ok(Some(e)) => (Slot::decode(&e.bytes).ok(), e.cas),
+            Ok(None) => (None, None),
+            Err(_) => return 0,
+        };
+        let (mine, theirs) = match old {
+            Some(s) if s.fingerprint == tag => (Some(Pool::decode(s.tat)), 0),
+            Some(s) => (None, Pool::decode(s.tat).live(now_ms)),
+            None => (None, 0),
+        };
+        let (pool, dropped) = f(mine);
+        let new = Slot {
+            fingerprint: tag,
+            tat: pool.encode(),
+        };
+        match store.set(key, &new.encode(), cas) {
+            Ok(()) => return u64::from(dropped) + u64::from(theirs),
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Unavailable) => return 0,
+        }
+    }
+    0
+}
+
+impl Service {
+    /// A breaker on `cluster`, closed, with the rule's settings.
+    pub fn new(config_domain: &str, spec: &GlobalSpec) -> Self {
+        Service {
+            cluster: spec.cluster.clone(),
+            health_key: Coordinator::health_key(config_domain, &spec.cluster),
+            health: Health::default(),
+            failures: spec.failures,
+            cooldown_ms: spec.cooldown_ms,
+            timeout_ms: spec.timeout_ms,
+        }
+    }
+
+    fn write(&mut self, store: &dyn Store, h: Health, i: usize, report: &mut Report) {
+        if h.state != self.health.state {
+            report.transitions.push((i, h.state));
+        }
+        self.health = h;
+        let _ = store.set(&self.health_key, &h.encode(), None);
+    }
+
+    /// The leader's tick: an open breaker whose cool-down is over lets one
+    /// probe through (returns true); a probe that never came back counts
+    /// as failed.
+    fn advance(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        rng: &mut SplitMix,
+        i: usize,
+        report: &mut Report,
+    ) -> bool {
+        if let Ok(Some(e)) = store.get(&self.health_key) {
+            if let Ok(h) = Health::decode(&e.bytes) {
+                self.health = h;
+            }
+        }
+        let h = self.health;
+        match h.state {
+            HealthState::Open if now_ms >= h.until_ms => {
+                let probe = Health {
+                    state: HealthState::HalfOpen,
+                    failures: h.failures,
+                    until_ms: now_ms + self.timeout_ms + 1_000,
+                };
+                self.write(store, probe, i, report);
+                true
+            }
+            HealthState::HalfOpen if now_ms >= h.until_ms => {
+                let open = self.opened(now_ms, rng, h.failures);
+                self.write(store, open, i, report);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    fn opened(&self, now_ms: u64, rng: &mut SplitMix, failures: u32) -> Health {
+        let jitter = rng.below(self.cooldown_ms / 5 + 1);
+        Health {
+            state: HealthState::Open,
+            failures,
+            until_ms: now_ms + self.cooldown_ms + jitter,
+        }
+    }
+
+    /// A call's result: failures in a row open the breaker (a failed probe
+    /// at once); a success closes it.
+    fn record(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        rng: &mut SplitMix,
+        ok: bool,
+        i: usize,
+        report: &mut Report,
+    ) {
+        let h = self.health;
+        let next = if ok {
+            Health::default()
+        } else {
+            let failures = h.failures.saturating_add(1);
+            if h.state == HealthState::HalfOpen
+                || (h.state == HealthState::Closed && failures >= self.failures)
+            {
+                self.opened(now_ms, rng, failures)
+            } else {
+                Health { failures, ..h }
+            }
+        };
+        if next != h {
+            self.write(store, next, i, report);
+        }
+    }
+}

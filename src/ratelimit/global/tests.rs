@@ -1,0 +1,523 @@
+//! Global rules without Envoy: the protocol bytes, pools, shared records,
+//! and the coordinator (lease, demand, calls, grants, breaker) over the
+//! in-memory store, with the limiter spending what was granted.
+
+use super::codec::{self, Health, HealthState, Lease, Want};
+use super::pool::{Pool, PoolSpec};
+use super::proto::{self, Code};
+use super::{Call, Coordinator, Mode, Report};
+use crate::config::parse;
+use crate::ratelimit::stage;
+use crate::ratelimit::{Limiter, Verdict};
+use crate::request::fake::FakeRequest;
+use crate::rng::SplitMix;
+use crate::store::memory::MemoryStore;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const MS: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000_000; // ms
+
+fn config(extra: &str) -> String {
+    format!(
+        r#"{{"domain":"d","rate_limits":[{{"name":"g","key":[{{"header":"x-key"}}],
+        "algorithm":"sliding_window","window":{{"limit":100,"period":"1h"}},"max_keys":64,
+        "global":{{"cluster":"rls","domain":"fleet","instances":2{extra}}}}}]}}"#
+    )
+}
+
+struct Vm {
+    limiter: Limiter,
+    coord: Coordinator,
+    rng: SplitMix,
+}
+
+fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
+    let cfg = parse(json.as_bytes()).expect("valid");
+    let limiter = Limiter::new(&cfg, (1, 2)).expect("limiter");
+    limiter.create_tables(store).expect("tables");
+    let coord = stage::test_coordinator(&cfg, &limiter, me).expect("global rules");
+    Vm {
+        limiter,
+        coord,
+        rng: SplitMix(me),
+    }
+}
+
+fn req(key: &str) -> FakeRequest {
+    FakeRequest::new("GET", "/").with_header("x-key", key.as_bytes())
+}
+
+impl Vm {
+    /// A request: decided by the limiter, its demand noted.
+    fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> Verdict {
+        let r = req(key);
+        let eval = self.limiter.evaluate(store, now_ms * MS, &r);
+        for &(_, fp) in &eval.global_keys {
+            self.coord
+                .note(store, 0, fp, false, || vec![key.as_bytes().to_vec()]);
+        }
+        eval.verdict
+    }
+
+    fn tick(&mut self, store: &MemoryStore, now_ms: u64) -> Report {
+        let r = self.coord.tick(store, now_ms, &mut self.rng);
+        for &(g, mode) in &r.modes {
+            self.limiter.use_backstop(g, mode == Mode::Backstop);
+        }
+        r
+    }
+
+    fn answer(
+        &mut self,
+        store: &MemoryStore,
+        now_ms: u64,
+        call: &Call,
+        body: Option<Vec<u8>>,
+    ) -> Report {
+        let r = self
+            .coord
+            .done(store, now_ms, &mut self.rng, call.id, body.as_deref());
+        for &(g, mode) in &r.modes {
+            self.limiter.use_backstop(g, mode == Mode::Backstop);
+        }
+        r
+    }
+}
+
+/// An RLS response: overall code, and one status with the remaining count
+/// and the time to the reset.
+fn response(code: u64, remaining: u64, reset_s: u64) -> Vec<u8> {
+    let mut status = vec![0x08, code as u8];
+    status.extend([0x12, 0x04, 0x08, 100, 0x10, 3]); // limit 100 per hour
+    status.extend([0x18]);
+    push_varint(&mut status, remaining);
+    let mut d = vec![0x08];
+    push_varint(&mut d, reset_s);
+    status.push(0x22);
+    status.push(d.len() as u8);
+    status.extend(d);
+    let mut out = vec![0x08, code as u8, 0x12, status.len() as u8];
+    out.extend(status);
+    out
+}
+
+fn push_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Reads the hits_addend of an encoded request.
+fn hits_of(call: &Call) -> u64 {
+    let m = &call.message;
+    let i = m.len() - 1;
+    let mut j = i;
+    while j > 0 && m[j - 1] & 0x80 != 0 {
+        j -= 1;
+    }
+    assert_eq!(m[j - 1], 0x18, "hits_addend is the last field");
+    let mut v = 0;
+    for (k, b) in m[j..].iter().enumerate() {
+        v |= u64::from(b & 0x7f) << (7 * k);
+    }
+    v
+}
+
+#[test]
+fn requests_encode_domain_descriptor_and_hits() {
+    let m = proto::request("fleet", &[("remote_address", b"10.0.0.1")], 300);
+    let mut want = vec![0x0a, 5];
+    want.extend(b"fleet");
+    let entry = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
+    want.extend([0x12, entry.len() as u8 + 2, 0x0a, entry.len() as u8]);
+    want.extend(entry);
+    want.extend([0x18, 0xac, 0x02]);
+    assert_eq!(m, want);
+    // Values that are not UTF-8 are made UTF-8.
+    let m = proto::request("d", &[("k", &[0xff, b'a'])], 1);
+    assert!(String::from_utf8_lossy(&m).contains("\u{fffd}a"));
+}
+
+#[test]
+fn responses_decode_and_skip_unknown_fields_and_refuse_garbage() {
+    let mut body = response(1, 42, 30);
+    // Unknown fields of every wire type around it.
+    body.extend([0x28, 0x05, 0x31, 1, 2, 3, 4, 5, 6, 7, 8, 0x3d, 1, 2, 3, 4]);
+    let r = proto::response(&body).expect("decodes");
+    assert_eq!(r.overall, Code::Ok);
+    assert_eq!(r.status.remaining, Some(42));
+    assert_eq!(r.status.reset_ms, Some(30_000));
+    assert_eq!(r.status.limit, Some((100, 3_600_000)));
+    assert_eq!(proto::response(&[]).map(|r| r.overall), Ok(Code::Unknown));
+    for bad in [&[0x12, 0x09, 0x08][..], &[0xff; 11][..], &[0x0b][..]] {
+        assert!(proto::response(bad).is_err(), "{bad:?}");
+    }
+    let mut rng = SplitMix(3);
+    for _ in 0..2_000 {
+        let n = rng.below(40) as usize;
+        let junk: Vec<u8> = (0..n).map(|_| rng.below(256) as u8).collect();
+        let _ = proto::response(&junk); // never panics
+    }
+}
+
+#[test]
+fn pools_round_trip_spend_expire_and_merge_grants_of_one_window() {
+    let p = Pool {
+        tokens: 7,
+        until_ms: T0 + 5_000,
+        blocked: true,
+    };
+    assert_eq!(Pool::decode(p.encode()), p);
+    let spec = PoolSpec {
+        quota: 100,
+        window_ns: 3_600_000 * MS,
+        retry_ns: super::STARVED_WAIT_NS,
+    };
+    let open = Pool {
+        blocked: false,
+        ..p
+    };
+    match spec.decide(open.encode(), T0 * MS, 3) {
+        crate::ratelimit::bucket::Outcome::Allow {
+            new_tat, remaining, ..
+        } => {
+            assert_eq!(remaining, 4);
+            assert_eq!(Pool::decode(new_tat).tokens, 4);
+        }
+        o => panic!("{o:?}"),
+    }
+    // Past its window, a pool is empty; refused for a second.
+    let o = spec.decide(open.encode(), (T0 + 5_000) * MS, 1);
+    assert!(!o.allowed());
+    // Blocked and empty: refused until the reset.
+    let empty_blocked = Pool { tokens: 0, ..p };
+    match spec.decide(empty_blocked.encode(), T0 * MS, 1) {
+        crate::ratelimit::bucket::Outcome::Deny { wait_ns, .. } => assert_eq!(wait_ns, 5_000 * MS),
+        o => panic!("{o:?}"),
+    }
+    // Grants of the same window add up; a later window's replace them.
+    let (g, dropped) = Pool::grant(Some(open), 10, T0 + 5_200, T0);
+    assert_eq!((g.tokens, g.until_ms, dropped), (17, T0 + 5_000, 0));
+    let (g, dropped) = Pool::grant(Some(open), 10, T0 + 3_605_000, T0);
+    assert_eq!((g.tokens, dropped), (10, 7));
+}
+
+#[test]
+fn shared_records_round_trip_and_corruption_is_detected() {
+    let l = Lease {
+        owner: 9,
+        until_ms: T0,
+    };
+    assert_eq!(Lease::decode(&l.encode()), Ok(l));
+    let h = Health {
+        state: HealthState::HalfOpen,
+        failures: 4,
+        until_ms: T0,
+    };
+    assert_eq!(Health::decode(&h.encode()), Ok(h));
+    let wants = [
+        Want {
+            rule: 0,
+            fingerprint: 77,
+            count: 3,
+            values: vec![b"a".to_vec(), vec![]],
+        },
+        Want {
+            rule: 1,
+            fingerprint: 78,
+            count: 1,
+            values: vec![vec![b'x'; 5_000]],
+        },
+    ];
+    let (bytes, left_out) = codec::encode_wants(wants.iter());
+    assert_eq!(left_out, 0);
+    let back = codec::decode_wants(&bytes).expect("decodes");
+    assert_eq!(back[0], wants[0]);
+    assert_eq!(
+        back[1].values[0].len(),
+        codec::MAX_VALUE_LEN,
+        "long values are cut"
+    );
+    for i in 0..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x40;
+        assert!(codec::decode_wants(&b).is_err());
+    }
+    assert!(Lease::decode(&[1, 2, 3]).is_err() && Health::decode(&[]).is_err());
+}
+
+#[test]
+fn one_vm_leads_and_another_takes_over_when_its_lease_lapses() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut a = vm(&json, 1, &store);
+    let mut b = vm(&json, 2, &store);
+    assert_eq!(a.tick(&store, T0).leader, Some(true));
+    assert_eq!(b.tick(&store, T0 + 10).leader, None);
+    assert!(a.coord.is_leader() && !b.coord.is_leader());
+    // a stops ticking (its worker restarted): b takes over after the lease.
+    assert_eq!(b.tick(&store, T0 + super::LEASE_MS - 1).leader, None);
+    assert_eq!(b.tick(&store, T0 + super::LEASE_MS + 1).leader, Some(true));
+    assert_eq!(a.tick(&store, T0 + super::LEASE_MS + 2).leader, Some(false));
+    // A leader that resigns lets another lead at once.
+    b.coord.resign(&store);
+    assert_eq!(a.tick(&store, T0 + super::LEASE_MS + 3).leader, Some(true));
+}
+
+#[test]
+fn demand_becomes_a_call_and_the_grant_is_spent_exactly() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    leader.tick(&store, T0);
+    // No tokens yet: refused for a second (the pool is being filled).
+    assert_eq!(
+        worker.request(&store, T0 + 1, "k"),
+        Verdict::Deny {
+            rule: 0,
+            wait_ns: super::STARVED_WAIT_NS
+        }
+    );
+    for _ in 0..4 {
+        worker.request(&store, T0 + 2, "k");
+    }
+    worker.tick(&store, T0 + 50);
+    let r = leader.tick(&store, T0 + 100);
+    assert_eq!(r.calls.len(), 1, "{r:?}");
+    let call = &r.calls[0];
+    assert_eq!(
+        (call.cluster.as_str(), call.method),
+        ("rls", "ShouldRateLimit")
+    );
+    // 5 requests in 100 ms: 50/s, a second ahead, capped at half of this
+    // Envoy's share of the limit (100 / 2 / 2).
+    assert_eq!(hits_of(call), 25);
+    assert!(call.message.windows(5).any(|w| w == b"fleet"));
+    // Only one call at a time per key.
+    worker.request(&store, T0 + 101, "k");
+    worker.tick(&store, T0 + 150);
+    assert!(leader.tick(&store, T0 + 200).calls.is_empty());
+    let r = leader.answer(&store, T0 + 210, call, Some(response(1, 75, 3_000)));
+    assert_eq!(r.granted, vec![(0, 25)]);
+    let admitted = (0..40)
+        .filter(|_| worker.request(&store, T0 + 220, "k") == Verdict::Allow)
+        .count();
+    assert_eq!(admitted, 25, "exactly what was granted");
+    // Another key has nothing.
+    assert_ne!(worker.request(&store, T0 + 220, "other"), Verdict::Allow);
+}
+
+#[test]
+fn over_limit_blocks_the_key_until_the_reset_after_a_single_hit_refusal() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut l = vm(&json, 1, &store);
+    l.tick(&store, T0);
+    l.request(&store, T0 + 1, "k");
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    // One request in 100 ms: 10 a second, a second ahead.
+    assert_eq!(hits_of(&call), 10);
+    l.answer(&store, T0 + 110, &call, Some(response(2, 0, 20)));
+    l.request(&store, T0 + 115, "k");
+    let call = l.tick(&store, T0 + 200).calls.remove(0);
+    assert_eq!(hits_of(&call), 1, "a refused batch is followed by one hit");
+    l.answer(&store, T0 + 210, &call, Some(response(2, 0, 20)));
+    match l.request(&store, T0 + 220, "k") {
+        Verdict::Deny { wait_ns, .. } => assert!(wait_ns > 19_000 * MS && wait_ns <= 20_000 * MS),
+        v => panic!("{v:?}"),
+    }
+    // No call for it until the reset.
+    l.request(&store, T0 + 230, "k");
+    assert!(l.tick(&store, T0 + 300).calls.is_empty());
+    l.request(&store, T0 + 20_300, "k");
+    assert_eq!(l.tick(&store, T0 + 20_400).calls.len(), 1);
+}
+
+#[test]
+fn failures_open_the_breaker_every_vm_uses_the_backstop_and_a_probe_closes_it() {
+    let store = MemoryStore::default();
+    let json = config(r#","breaker":{"failures":2,"cooldown":"1s"}"#);
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    leader.tick(&store, T0);
+    let mut now = T0;
+    for _ in 0..2 {
+        worker.request(&store, now + 1, "k");
+        worker.tick(&store, now + 2);
+        now += 100;
+        let call = leader.tick(&store, now).calls.remove(0);
+        leader.answer(&store, now + 5, &call, None);
+    }
+    let r = worker.tick(&store, now + 10);
+    assert_eq!(r.modes, vec![(0, Mode::Backstop)]);
+    // The backstop: 100 per hour x 1/2 = 50 for this Envoy.
+    let admitted = (0..80)
+        .filter(|_| worker.request(&store, now + 20, "k") == Verdict::Allow)
+        .count();
+    assert_eq!(admitted, 50);
+    // No calls while open; after the cool-down (+ up to 20%), one probe.
+    assert!(leader.tick(&store, now + 100).calls.is_empty());
+    let probe = leader.tick(&store, now + 1_300).calls;
+    assert_eq!(probe.len(), 1);
+    assert!(
+        leader.tick(&store, now + 1_400).calls.is_empty(),
+        "one probe"
+    );
+    leader.answer(&store, now + 1_450, &probe[0], Some(response(1, 10, 100)));
+    assert_eq!(
+        worker.tick(&store, now + 1_500).modes,
+        vec![(0, Mode::Service)]
+    );
+}
+
+#[test]
+fn failure_mode_deny_spends_what_is_held_then_refuses() {
+    let store = MemoryStore::default();
+    let json = config(r#","failure_mode_deny":true,"breaker":{"failures":1}"#);
+    let mut l = vm(&json, 1, &store);
+    l.tick(&store, T0);
+    l.request(&store, T0 + 1, "k");
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    assert_eq!(hits_of(&call), 10);
+    l.answer(&store, T0 + 110, &call, Some(response(1, 50, 100)));
+    // Spend down to the refill mark, so that the next tick calls again.
+    for _ in 0..5 {
+        assert_eq!(l.request(&store, T0 + 150, "k"), Verdict::Allow);
+    }
+    let call = l.tick(&store, T0 + 200).calls.remove(0);
+    l.answer(&store, T0 + 210, &call, None);
+    assert_eq!(l.tick(&store, T0 + 300).modes, vec![(0, Mode::Deny)]);
+    // The five tokens still held are spent; then nothing more.
+    let admitted = (0..10)
+        .filter(|_| l.request(&store, T0 + 310, "k") == Verdict::Allow)
+        .count();
+    assert_eq!(admitted, 5);
+}
+
+#[test]
+fn property_two_workers_never_admit_more_than_was_granted() {
+    let mut rng = SplitMix(17);
+    let mut total = 0;
+    for round in 0..40 {
+        let store = MemoryStore::default();
+        let json = config(r#","max_batch":7"#);
+        let mut vms: Vec<Vm> = (0..3).map(|i| vm(&json, 10 + i, &store)).collect();
+        let mut now = T0;
+        let mut admitted = 0u64;
+        let mut granted = 0u64;
+        let mut outstanding: Vec<(usize, Call)> = Vec::new();
+        for _ in 0..400 {
+            now += rng.below(30);
+            let i = rng.below(3) as usize;
+            match rng.below(10) {
+                0..=5 => {
+                    let key = ["a", "b"][rng.below(2) as usize];
+                    // Admissions from a pool (a backstop's are not paid).
+                    let pool = vms[i].coord.mode(0) != Mode::Backstop;
+                    if vms[i].request(&store, now, key) == Verdict::Allow && pool {
+                        admitted += 1;
+                    }
+                }
+                6 | 7 => {
+                    let r = vms[i].tick(&store, now);
+                    outstanding.extend(r.calls.into_iter().map(|c| (i, c)));
+                }
+                _ if !outstanding.is_empty() => {
+                    let (owner, call) =
+                        outstanding.remove(rng.below(outstanding.len() as u64) as usize);
+                    let body = match rng.below(4) {
+                        0 => None,
+                        1 => Some(response(2, 0, 60)),
+                        _ => Some(response(1, 50, 60)),
+                    };
+                    let r = vms[owner].answer(&store, now, &call, body);
+                    granted += r.granted.iter().map(|g| g.1).sum::<u64>();
+                }
+                _ => {}
+            }
+        }
+        assert!(admitted <= granted, "round {round}: {admitted} > {granted}");
+        total += admitted;
+    }
+    assert!(total > 200, "the rounds admitted from pools: {total}");
+}
+
+#[test]
+fn bad_global_sections_are_refused_with_the_field_named() {
+    let cases = [
+        (
+            r#"{"domain":"fleet","instances":2}"#,
+            "rate_limits[0].global.cluster",
+        ),
+        (
+            r#"{"cluster":"rls","protocol":"grpc","instances":2}"#,
+            "rate_limits[0].global.protocol",
+        ),
+        (
+            r#"{"cluster":"rls","instances":0}"#,
+            "rate_limits[0].global.instances",
+        ),
+        (r#"{"cluster":"rls"}"#, "rate_limits[0].global.instances"),
+        (
+            r#"{"cluster":"rls","share":1.5}"#,
+            "rate_limits[0].global.share",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"share":0.5}"#,
+            "rate_limits[0].global.share",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"descriptor_keys":["a","b"]}"#,
+            "rate_limits[0].global.descriptor_keys",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"timeout":"0s"}"#,
+            "rate_limits[0].global.timeout",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"max_batch":0}"#,
+            "rate_limits[0].global.max_batch",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"breaker":{"failures":0}}"#,
+            "rate_limits[0].global.breaker.failures",
+        ),
+        (
+            r#"{"cluster":"rls","instances":2,"bogus":1}"#,
+            "rate_limits[0].global",
+        ),
+    ];
+    for (global, field) in cases {
+        let json = format!(
+            r#"{{"rate_limits":[{{"name":"g","key":[{{"header":"x-key"}}],
+            "bucket":{{"rate":10,"period":"1s"}},"global":{global}}}]}}"#
+        );
+        let e = parse(json.as_bytes())
+            .err()
+            .unwrap_or_else(|| panic!("{global} accepted"));
+        assert!(e.field.starts_with(field), "{global}: {e}");
+    }
+    let shaped = r#"{"rate_limits":[{"name":"g","key":[{"header":"x-key"}],
+        "bucket":{"rate":10,"period":"1s"},"on_limit":"delay","max_delay":"1s",
+        "global":{"cluster":"rls","instances":2}}]}"#;
+    let e = parse(shaped.as_bytes()).expect_err("refused");
+    assert_eq!(e.field, "rate_limits[0].on_limit");
+    // The backstop is the limit times the share, at least one.
+    let ok = r#"{"rate_limits":[{"name":"g","key":[{"header":"x-key"}],
+        "bucket":{"rate":10,"period":"1s","burst":3},"global":{"cluster":"outbound|8081||rls.default.svc.cluster.local","instances":4}}]}"#;
+    let cfg = parse(ok.as_bytes()).expect("valid");
+    let g = cfg.rules[0].global.as_deref().expect("global");
+    assert_eq!(
+        g.backstop,
+        crate::ratelimit::algorithm::Algorithm::Bucket(crate::ratelimit::config::BucketSpec {
+            rate: 2,
+            period_ns: 1_000_000_000,
+            burst: 1
+        })
+    );
+    assert_eq!(g.service.descriptor_keys, vec!["x-key".to_string()]);
+}
