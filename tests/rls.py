@@ -106,8 +106,10 @@ class RlsServer:
     """The reference RLS server with `limits` (the JSON config: a domain
     object or a list of them) on a free gRPC port, with its stats port."""
 
-    def __init__(self, limits, store="memory", redis_url=None, delay_ms=0, extra_args=()):
-        self.port = free_port()
+    def __init__(self, limits, store="memory", redis_url=None, delay_ms=0, extra_args=(), port=None):
+        """`port`: the gRPC port (a free one by default; give the port of a
+        server stopped earlier to restart it where Envoy expects it)."""
+        self.port = port or free_port()
         self.stats_port = free_port()
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-rls-")
         self.config_path = Path(self.dir.name) / "limits.json"

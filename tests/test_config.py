@@ -38,6 +38,13 @@ BAD = [
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay"}]}', "rate_limits[0].max_delay: is required with on_limit: delay"),
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay","max_delay":"1s","max_delayed":-1}]}',
      "rate_limits[0].max_delayed: must be between 1 and 100000, got -1"),
+    # Global rules: the service's cluster, its protocol, the backstop's share.
+    ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"global":{"instances":2}}]}',
+     "rate_limits[0].global.cluster: missing: the Envoy cluster of the rate-limit service"),
+    ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"global":{"cluster":"rls","protocol":"http","instances":2}}]}',
+     'rate_limits[0].global.protocol: unknown protocol "http"'),
+    ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"global":{"cluster":"rls","instances":0}}]}',
+     "rate_limits[0].global.instances: must be between 1 and 100000, got 0"),
 ]
 
 

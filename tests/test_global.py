@@ -5,13 +5,14 @@ service is down.
 """
 
 import concurrent.futures
-import json
+import sys
+import threading
 import time
 
 import pytest
 
 import http1
-from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter
+from harness import ROOT, WASM, Envoy, free_port, front_bootstrap, metric, upstream_bootstrap, wasm_filter
 from rls import Redis, RlsServer, rls_cluster
 
 RLS_DOMAIN = "fleet"
@@ -55,3 +56,207 @@ def wait_out_hour_edge(margin_s=120):
     left = 3600 - time.time() % 3600
     if left < margin_s:
         time.sleep(left + 0.5)
+
+
+def mode(envoy):
+    return envoy.stat(metric("sluice_global_mode", domain="global-test", rule="per-tenant"))
+
+
+def wait_mode(envoys, want, seconds):
+    """Waits until every replica's global rule is in mode `want` (0:
+    service, 1: backstop); returns the seconds it took."""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        if all(mode(e) == want for e in envoys):
+            return time.time() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"modes {[mode(e) for e in envoys]} after {seconds}s, wanted {want}")
+
+
+class Load:
+    """Requests in a loop from a thread (a keep-alive client per replica,
+    in turn) until stopped, a new key every 5 requests (so that tokens are
+    always being fetched): every status and latency recorded."""
+
+    def __init__(self, ports, tenant):
+        self.ports, self.tenant = ports, tenant
+        self.results = []  # (status, seconds)
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        conns = [http1.Conn(p) for p in self.ports]
+        i = 0
+        while not self.stop_flag.is_set() and len(self.results) < 20_000:
+            t = time.perf_counter()
+            r = conns[i % len(conns)].request("/", {"x-tenant": f"{self.tenant}-{i // 5}"})
+            self.results.append((r.status, time.perf_counter() - t))
+            i += 1
+            time.sleep(0.002)
+        for c in conns:
+            c.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        self.thread.join(10)
+
+    def latencies_ms(self):
+        return sorted(s * 1000 for _, s in self.results)
+
+
+def pct(xs, p):
+    return xs[min(len(xs) - 1, int(len(xs) * p))] if xs else 0.0
+
+
+def spread(ports, tenant, n, workers=8):
+    """n requests for `tenant` over the replicas from `workers` threads;
+    returns the statuses."""
+    def one(i):
+        return get(ports[i % len(ports)], tenant).status
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, range(n)))
+
+
+# The documented worst case of under-admission (docs/global.md) for a key
+# whose demand stays above its limit to the window's end: each replica
+# loses at most one refused batch (at most half its share of what the
+# service last said was left) and one refused hit.
+def under_admission_bound(limit, instances):
+    return limit // 2 + instances
+
+
+def test_three_replicas_never_admit_more_than_the_global_limit():
+    limit, instances = 300, 3
+    with RlsServer(limits(limit)) as rls, Upstream() as up, \
+            replica(up, rls.port, plugin(limit, instances=instances)) as a, \
+            replica(up, rls.port, plugin(limit, instances=instances)) as b, \
+            replica(up, rls.port, plugin(limit, instances=instances)) as c:
+        wait_out_hour_edge()
+        ports = [a.port, b.port, c.port]
+        got = {t: spread(ports, t, 1000) for t in ("t1", "t2")}
+        for t, statuses in got.items():
+            admitted = statuses.count(200)
+            assert set(statuses) <= {200, 429}, statuses
+            assert admitted <= limit, (t, admitted)
+            assert admitted >= limit - under_admission_bound(limit, instances), (t, admitted)
+            print(f"{t}: admitted {admitted} of {len(statuses)} (limit {limit})")
+        stats = rls.stats()
+        # Every admitted request was granted first: the service counted at
+        # least that many hits for the two keys.
+        assert stats["hits"] >= sum(s.count(200) for s in got.values()), stats
+        # Batches: far fewer calls than requests.
+        assert stats["calls"] < 0.2 * 2000, stats
+        # One VM per Envoy speaks to the service.
+        for e in (a, b, c):
+            assert e.stat(metric("sluice_global_leader", domain="global-test")) == 1
+        print("rls:", stats)
+
+
+@pytest.mark.parametrize("outage", ["service", "redis"])
+def test_an_outage_switches_every_replica_to_its_backstop_and_back(outage):
+    limit, instances = 40, 2
+    config = plugin(limit, instances=instances, breaker={"failures": 2, "cooldown": "2s"})
+    with Redis() as redis:
+        rls_args = {"store": "redis", "redis_url": redis.url} if outage == "redis" else {}
+        rls = RlsServer(limits(limit), **rls_args).__enter__()
+        try:
+            with Upstream() as up, replica(up, rls.port, config) as a, replica(up, rls.port, config) as b:
+                wait_out_hour_edge()
+                ports = [a.port, b.port]
+                spread(ports, "warm", 20, workers=2)
+                with Load(ports, "steady") as load:
+                    time.sleep(0.5)
+                    # The outage: the service, or the Redis under it.
+                    (rls.__exit__() if outage == "service" else redis.stop())
+                    took = wait_mode([a, b], 1, 10)
+                    # Each replica now enforces its backstop: 40 / 2 = 20
+                    # per hour for a key, whatever the other does.
+                    for p in ports:
+                        assert [get(p, "fresh").status for _ in range(30)].count(200) == 20
+                    # The service comes back: the breaker's probe closes it.
+                    if outage == "service":
+                        rls = RlsServer(limits(limit), port=rls.port).__enter__()
+                    else:
+                        redis.start()
+                    back = wait_mode([a, b], 0, 10)
+                    time.sleep(0.5)
+                lat = load.latencies_ms()
+                statuses = {s for s, _ in load.results}
+                print(f"{outage}: backstop after {took:.1f}s, service again after {back:.1f}s; "
+                      f"{len(lat)} requests under load, p50 {pct(lat, .5):.2f} ms p99 {pct(lat, .99):.2f} ms "
+                      f"max {lat[-1]:.1f} ms")
+                # No request failed or waited on the service.
+                assert statuses <= {200, 429}, statuses
+                assert pct(lat, 0.99) < 100, lat[-20:]
+                # Tokens come from the service again.
+                calls = rls.stats()["calls"]
+                statuses = []
+                for i in range(150):  # 1.5 s: the new key's first tokens come within a few ticks
+                    statuses.append(get(ports[i % 2], "after").status)
+                    time.sleep(0.01)
+                assert 0 < statuses.count(200) <= limit, statuses
+                assert rls.stats()["calls"] > calls
+        finally:
+            rls.__exit__()
+
+
+def test_a_slow_service_does_not_slow_the_request_path():
+    """The service answers in 50 ms: requests never wait for it."""
+    report = {}
+    for delay in (0, 50):
+        with RlsServer(limits(10_000_000), delay_ms=delay) as rls, Upstream() as up, \
+                replica(up, rls.port, plugin(10_000_000, instances=1)) as fe:
+            conn = http1.Conn(fe.port)
+            t_end = time.time() + 1.0
+            while time.time() < t_end:  # warm: the key's first tokens
+                conn.request("/", {"x-tenant": "hot"})
+            calls0 = rls.stats()["calls"]
+            lat, statuses = [], []
+            for _ in range(1500):
+                t = time.perf_counter()
+                statuses.append(conn.request("/", {"x-tenant": "hot"}).status)
+                lat.append((time.perf_counter() - t) * 1000)
+            conn.close()
+            calls = rls.stats()["calls"] - calls0
+            lat.sort()
+            report[delay] = (pct(lat, .5), pct(lat, .99), calls / len(lat))
+            assert statuses.count(200) == len(statuses), delay
+    for delay, (p50, p99, rpc) in report.items():
+        print(f"service delay {delay} ms: p50 {p50:.3f} ms, p99 {p99:.3f} ms, {rpc:.4f} calls per request")
+    assert report[50][1] < 25, report  # never a 50 ms wait
+    assert report[50][1] < report[0][1] + 5, report
+    assert report[0][2] < 0.05 and report[50][2] < 0.05, report
+
+
+def test_the_module_keeps_the_callbacks_its_calls_need():
+    """The export stripping keeps proxy_on_grpc_receive and
+    proxy_on_grpc_close: without them Envoy never hands the service's
+    answers to the module, silently."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import strip_exports
+    data = WASM.read_bytes()
+    names = wasm_exports(data, strip_exports.leb)
+    assert {"proxy_on_grpc_receive", "proxy_on_grpc_close"} <= names, sorted(names)
+    assert "proxy_on_request_body" not in names
+    # Stripping again (idempotent) keeps them too.
+    stripped, _ = strip_exports.strip(data)
+    assert {"proxy_on_grpc_receive", "proxy_on_grpc_close"} <= wasm_exports(stripped, strip_exports.leb)
+
+
+def wasm_exports(data, leb):
+    i, names = 8, set()
+    while i < len(data):
+        sid = data[i]
+        size, body = leb(data, i + 1)
+        if sid == 7:
+            count, j = leb(data, body)
+            for _ in range(count):
+                n, k = leb(data, j)
+                names.add(data[k:k + n].decode())
+                _, j = leb(data, k + n + 1)
+        i = body + size
+    return names

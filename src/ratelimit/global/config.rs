@@ -33,7 +33,7 @@ pub struct RawGlobal {
     /// How far ahead of need tokens are fetched (default 1s of demand).
     #[serde(default)]
     pub lead: Option<String>,
-    /// The most tokens asked for in one call (default 100).
+    /// The most tokens asked for in one call (default 100000).
     #[serde(default)]
     pub max_batch: Option<i64>,
     /// When the service is down: refuse once the tokens held are spent,
@@ -185,7 +185,7 @@ pub fn validate(at: &str, raw: RawGlobal, key: &[KeyPart]) -> Result<GlobalSpec,
         return Err(err(format!("{at}.lead"), "must be between 100ms and 60s"));
     }
     let max_batch = match raw.max_batch {
-        None => 100,
+        None => 100_000,
         Some(n) if (1..=MAX_BATCH).contains(&n) => n as u32,
         Some(n) => {
             return Err(err(

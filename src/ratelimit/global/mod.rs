@@ -509,9 +509,10 @@ impl Coordinator {
             .min(((rule.quota as f64 * rule.spec.share / 2.0) as u64).max(1));
         let mut batch = ((k.rate * lead_s).ceil() as u64).clamp(1, cap);
         if let Some(left) = k.remaining {
-            // Near the limit, each Envoy asks for its share of what is left,
-            // so that a refused batch (counted by most servers) wastes little.
-            batch = batch.min(((left as f64 * rule.spec.share) as u64).max(1));
+            // Near the limit, each Envoy asks for half its share of what
+            // was left, so that batches shrink as the count nears the limit
+            // and a refused batch (counted by most servers) wastes little.
+            batch = batch.min(((left as f64 * rule.spec.share / 2.0) as u64).max(1));
         }
         let (slot_key, tag) = pool_slot(rule, fp);
         let live = match store.get(&slot_key) {
