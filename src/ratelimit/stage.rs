@@ -61,6 +61,8 @@ struct TokenMetrics {
 #[derive(Default, Clone, Copy)]
 struct GlobalMetrics {
     mode: MetricId,
+    /// Requests refused for want of tokens (the key's pool being filled).
+    starved: MetricId,
     /// Calls: ok, over_limit, error.
     calls: [MetricId; 3],
     tokens: TokenMetrics,
@@ -176,6 +178,7 @@ fn global_metrics(reg: &mut Registry, domain: &str, rule: &str) -> GlobalMetrics
     let labels = [("domain", domain), ("rule", rule)];
     GlobalMetrics {
         mode: reg.labelled(Kind::Gauge, "sluice_global_mode", &labels),
+        starved: reg.labelled(Kind::Counter, "sluice_global_starved_total", &labels),
         calls: reg.variants(
             "sluice_global_calls_total",
             &labels,
@@ -341,6 +344,10 @@ impl Stage for RateLimits {
 
     fn wants_fast_tick(&self) -> bool {
         !self.held.is_empty()
+            || self
+                .global
+                .as_ref()
+                .is_some_and(Coordinator::wants_fast_tick)
     }
 
     fn call_done(&mut self, cx: &mut Cx<'_, '_>, id: u64, body: Option<&[u8]>) {
@@ -381,9 +388,15 @@ impl RateLimits {
                     && matches!(x.result, RuleResult::Limited | RuleResult::ShadowLimited)
                     && x.wait_ns == super::global::STARVED_WAIT_NS
             });
-            g.note(cx.store(), *gi, fp, starved, || {
-                crate::keys::values(&r.spec.key, req)
-            });
+            if starved {
+                if let Some(m) = self.global_metrics.get(*gi) {
+                    cx.add(m.starved, 1);
+                }
+                if !g.wants_fast_tick() {
+                    cx.tick_changed = true;
+                }
+            }
+            g.note(*gi, fp, starved, || crate::keys::values(&r.spec.key, req));
         }
     }
 

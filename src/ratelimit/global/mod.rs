@@ -44,8 +44,11 @@ pub const LEASE_MS: u64 = 1_000;
 /// Most keys a VM notes between two reports (more wait for the next).
 pub const MAX_LOCAL_KEYS: usize = 10_000;
 /// Most keys the leader tracks, and most calls it starts per tick.
-pub const MAX_KEYS: usize = 100_000;
+pub const MAX_KEYS: usize = 50_000;
 pub const MAX_CALLS_PER_TICK: usize = 512;
+/// The lease, leader and breaker work runs at most this often (ms): on
+/// the slow tick, not on the fast ticks a starved key asks for.
+const SLOW_WORK_MS: u64 = 90;
 /// How soon a request refused for want of tokens (the key's pool is being
 /// filled; not over its limit) is told to come back.
 pub const STARVED_WAIT_NS: u64 = 1_000_000_000;
@@ -175,6 +178,10 @@ pub struct Coordinator {
     calls: FastMap<u64, (u8, u64, u32)>,
     next_call: u64,
     last_tick_ms: u64,
+    /// When the lease, leader and breaker work last ran.
+    last_slow_ms: u64,
+    /// Starved keys were noted since the last report.
+    cold: bool,
     modes: Vec<Mode>,
 }
 
@@ -209,6 +216,8 @@ impl Coordinator {
             calls: FastMap::default(),
             next_call: 1,
             last_tick_ms: 0,
+            last_slow_ms: 0,
+            cold: false,
             modes,
         }
     }
@@ -240,16 +249,17 @@ impl Coordinator {
     /// Notes that a request wanted a token of global rule `g` for a key;
     /// `values` reads the key's parts (called only for a key not yet noted
     /// since the last report). A key found without tokens (`starved`, not
-    /// over its limit) is reported at once rather than on the next tick,
-    /// so that its first tokens come a tick sooner.
+    /// over its limit) asks for the demand to be reported on the next fast
+    /// tick rather than the next slow one (see `wants_fast_tick`), so that
+    /// its first tokens come sooner; nothing is written on the request path.
     pub fn note(
         &mut self,
-        store: &dyn Store,
         g: usize,
         fingerprint: u64,
         starved: bool,
         values: impl FnOnce() -> Vec<Vec<u8>>,
     ) {
+        self.cold |= starved;
         if let Some(w) = self.local.get_mut(&(g as u8, fingerprint)) {
             w.count = w.count.saturating_add(1);
             return;
@@ -266,16 +276,24 @@ impl Coordinator {
                 values: values(),
             },
         );
-        if starved {
-            self.report_demand(store);
-        }
+    }
+
+    /// Whether this VM has demand of starved keys to report at once.
+    pub fn wants_fast_tick(&self) -> bool {
+        self.cold
     }
 
     /// Periodic work of every VM: report demand, hold or seek the lease,
-    /// lead if it holds it, and follow the services' breakers.
+    /// lead if it holds it, and follow the services' breakers. On a fast
+    /// tick (asked for by a starved key) only the demand is reported.
     pub fn tick(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix) -> Report {
         let mut report = Report::default();
         self.report_demand(store);
+        self.cold = false;
+        if now_ms.saturating_sub(self.last_slow_ms) < SLOW_WORK_MS {
+            return report;
+        }
+        self.last_slow_ms = now_ms;
         let was = self.leader;
         self.leader = self.hold_lease(store, now_ms);
         if was != self.leader {

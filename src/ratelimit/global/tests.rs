@@ -55,7 +55,7 @@ impl Vm {
         let eval = self.limiter.evaluate(store, now_ms * MS, &r);
         for &(_, fp) in &eval.global_keys {
             self.coord
-                .note(store, 0, fp, false, || vec![key.as_bytes().to_vec()]);
+                .note(0, fp, false, || vec![key.as_bytes().to_vec()]);
         }
         eval.verdict
     }
@@ -259,12 +259,17 @@ fn one_vm_leads_and_another_takes_over_when_its_lease_lapses() {
     assert_eq!(b.tick(&store, T0 + 10).leader, None);
     assert!(a.coord.is_leader() && !b.coord.is_leader());
     // a stops ticking (its worker restarted): b takes over after the lease.
-    assert_eq!(b.tick(&store, T0 + super::LEASE_MS - 1).leader, None);
+    assert_eq!(b.tick(&store, T0 + super::LEASE_MS - 100).leader, None);
     assert_eq!(b.tick(&store, T0 + super::LEASE_MS + 1).leader, Some(true));
     assert_eq!(a.tick(&store, T0 + super::LEASE_MS + 2).leader, Some(false));
+    // Between slow ticks (a fast tick), nothing but the demand report.
+    assert_eq!(b.tick(&store, T0 + super::LEASE_MS + 3), Report::default());
     // A leader that resigns lets another lead at once.
     b.coord.resign(&store);
-    assert_eq!(a.tick(&store, T0 + super::LEASE_MS + 3).leader, Some(true));
+    assert_eq!(
+        a.tick(&store, T0 + super::LEASE_MS + 200).leader,
+        Some(true)
+    );
 }
 
 #[test]
@@ -520,4 +525,22 @@ fn bad_global_sections_are_refused_with_the_field_named() {
         })
     );
     assert_eq!(g.service.descriptor_keys, vec!["x-key".to_string()]);
+}
+
+#[test]
+fn a_starved_key_asks_for_a_fast_tick_that_only_reports_its_demand() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    leader.tick(&store, T0);
+    worker.tick(&store, T0 + 1);
+    assert!(!worker.coord.wants_fast_tick());
+    worker.coord.note(0, 42, true, || vec![b"k".to_vec()]);
+    assert!(worker.coord.wants_fast_tick());
+    // The fast tick, 1 ms later: the demand is in shared data at once.
+    assert_eq!(worker.tick(&store, T0 + 2), Report::default());
+    assert!(!worker.coord.wants_fast_tick());
+    let r = leader.tick(&store, T0 + 100);
+    assert_eq!(r.calls.len(), 1, "the leader asks for the starved key");
 }
