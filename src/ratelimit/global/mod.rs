@@ -425,8 +425,16 @@ impl Coordinator {
             };
             k.last_pending = std::mem::take(&mut k.pending);
         }
-        self.keys
-            .retain(|_, k| k.inflight || now_ms.saturating_sub(k.last_demand_ms) < IDLE_MS);
+        let idle: Vec<(u8, u64)> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| !k.inflight && now_ms.saturating_sub(k.last_demand_ms) >= IDLE_MS)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in idle {
+            self.keys.remove(&id);
+            self.forget(store, now_ms, id, report);
+        }
         let mut probes: Vec<bool> = Vec::with_capacity(self.services.len());
         for (i, s) in self.services.iter_mut().enumerate() {
             probes.push(s.advance(store, now_ms, rng, i, report));
@@ -465,6 +473,28 @@ impl Coordinator {
             }
             if let Some(call) = self.plan(store, now_ms, g, fp) {
                 report.calls.push(call);
+            }
+        }
+    }
+
+    /// A key forgotten for want of demand: what its pool still holds is
+    /// counted as dropped if its window has ended (else it may still be
+    /// spent, should the key come back).
+    fn forget(&self, store: &dyn Store, now_ms: u64, (g, fp): (u8, u64), report: &mut Report) {
+        let Some(rule) = self.rules.get(g as usize) else {
+            return;
+        };
+        let (slot, tag) = pool_slot(rule, fp);
+        if let Ok(Some(e)) = store.get(&slot) {
+            if let Ok(s) = crate::ratelimit::codec::Slot::decode(&e.bytes) {
+                let left = if s.fingerprint == tag {
+                    expired(s.tat, now_ms)
+                } else {
+                    0
+                };
+                if left > 0 {
+                    report.dropped.push((g as usize, u64::from(left)));
+                }
             }
         }
     }
@@ -688,10 +718,20 @@ pub fn window_end(now_ms: u64, status: &proto::Status, window_ms: u64) -> u64 {
     })
 }
 
+/// The tokens of a pool whose window has ended (paid for, never spent).
+fn expired(state: u128, now_ms: u64) -> u32 {
+    let p = Pool::decode(state);
+    if now_ms >= p.until_ms {
+        p.tokens
+    } else {
+        0
+    }
+}
+
 /// Rewrites a pool with CAS: `f` gets the key's pool (`None` if the slot
 /// holds another key's or nothing) and returns the new one and the live
-/// tokens it dropped. Returns the tokens dropped, the other key's live
-/// tokens included when its slot is taken.
+/// tokens it dropped. Returns the tokens dropped, with the tokens of ours
+/// that expired unspent and the other key's when its slot is taken.
 fn update_pool(
     store: &dyn Store,
     key: &str,
@@ -707,8 +747,9 @@ fn update_pool(
             Err(_) => return 0,
         };
         let (mine, theirs) = match old {
-            Some(s) if s.fingerprint == tag => (Some(Pool::decode(s.tat)), 0),
-            Some(s) => (None, Pool::decode(s.tat).live(now_ms)),
+            // Tokens of ours whose window ended unspent are dropped too.
+            Some(s) if s.fingerprint == tag => (Some(Pool::decode(s.tat)), expired(s.tat, now_ms)),
+            Some(s) => (None, Pool::decode(s.tat).tokens),
             None => (None, 0),
         };
         let (pool, dropped) = f(mine);

@@ -544,3 +544,24 @@ fn a_starved_key_asks_for_a_fast_tick_that_only_reports_its_demand() {
     let r = leader.tick(&store, T0 + 100);
     assert_eq!(r.calls.len(), 1, "the leader asks for the starved key");
 }
+
+#[test]
+fn tokens_left_unspent_at_the_window_end_are_counted_as_dropped() {
+    let store = MemoryStore::default();
+    let mut l = vm(&config(""), 1, &store);
+    l.tick(&store, T0);
+    l.request(&store, T0 + 1, "k");
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    assert_eq!(hits_of(&call), 10);
+    // Good for 2 more seconds.
+    l.answer(&store, T0 + 110, &call, Some(response(1, 90, 2)));
+    for _ in 0..3 {
+        assert_eq!(l.request(&store, T0 + 120, "k"), Verdict::Allow);
+    }
+    // The window ends with 7 unspent: the next grant counts them dropped,
+    // and they are not spendable any more.
+    assert_ne!(l.request(&store, T0 + 2_200, "k"), Verdict::Allow);
+    let call = l.tick(&store, T0 + 2_300).calls.remove(0);
+    let r = l.answer(&store, T0 + 2_310, &call, Some(response(1, 80, 60)));
+    assert_eq!(r.dropped, vec![(0, 7)]);
+}
