@@ -272,6 +272,11 @@ impl Stage for RateLimits {
         for (i, m) in self.metrics.iter().enumerate() {
             cx.record(m.table_entries, u64::from(self.limiter.table_len(i)));
         }
+        if let Some(g) = self.global.as_mut() {
+            let mut report = Report::default();
+            g.follow_health(cx.store(), &mut report);
+            self.apply(cx, report);
+        }
         Ok(())
     }
 
@@ -381,6 +386,10 @@ impl RateLimits {
             else {
                 continue;
             };
+            // A request another rule refused did not need this one's token.
+            if matches!(eval.verdict, super::Verdict::Deny { rule: by, .. } if by != rule) {
+                continue;
+            }
             // Refused for want of tokens (not over the limit: that waits
             // for the reset, not a second).
             let starved = eval.reports.iter().any(|x| {

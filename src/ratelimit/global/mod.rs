@@ -45,7 +45,7 @@ pub const LEASE_MS: u64 = 1_000;
 pub const MAX_LOCAL_KEYS: usize = 10_000;
 /// Most keys the leader tracks, and most calls it starts per tick.
 pub const MAX_KEYS: usize = 50_000;
-pub const MAX_CALLS_PER_TICK: usize = 512;
+pub const MAX_CALLS_PER_TICK: usize = 128;
 /// The lease, leader and breaker work runs at most this often (ms): on
 /// the slow tick, not on the fast ticks a starved key asks for.
 const SLOW_WORK_MS: u64 = 90;
@@ -379,8 +379,9 @@ impl Coordinator {
         }
     }
 
-    /// Reads the breakers and sets each rule's mode.
-    fn follow_health(&mut self, store: &dyn Store, report: &mut Report) {
+    /// Reads the breakers and sets each rule's mode (also at start, so
+    /// that a new configuration starts in the mode the Envoy is in).
+    pub fn follow_health(&mut self, store: &dyn Store, report: &mut Report) {
         for s in self.services.iter_mut() {
             if let Ok(Some(e)) = store.get(&s.health_key) {
                 if let Ok(h) = Health::decode(&e.bytes) {
