@@ -13,7 +13,7 @@ import pytest
 
 import http1
 from harness import ROOT, WASM, Envoy, free_port, front_bootstrap, metric, upstream_bootstrap, wasm_filter
-from rls import Redis, RlsServer, rls_cluster
+from rls import Redis, RlsServer, rls_cluster, wait_out_window_edge
 
 RLS_DOMAIN = "fleet"
 
@@ -264,3 +264,31 @@ def wasm_exports(data, leb):
                 _, j = leb(data, k + n + 1)
         i = body + size
     return names
+
+
+def test_a_key_over_its_limit_is_refused_until_the_services_reset():
+    """Once the service says a key is over its limit, the replica refuses it
+    locally with Retry-After reaching the service's reset (never earlier),
+    and stops calling for it; a key still filling its pool is told 1 s."""
+    limit = 5
+    config = plugin(limit, period="1m", instances=1)
+    with RlsServer(limits(limit, unit="minute")) as rls, Upstream() as up, replica(up, rls.port, config) as fe:
+        wait_out_window_edge(60, 15)
+        got = []
+        for _ in range(60):  # about 1.5 s: the pool is filled, spent, refused
+            got.append((time.time(), get(fe.port, "t")))
+            time.sleep(0.02)
+        admitted = [r for _, r in got if r.status == 200]
+        assert len(admitted) <= limit
+        assert len(admitted) >= 1
+        refused = [(t, r) for t, r in got if r.status == 429]
+        starved = [r for _, r in refused if int(r.header("retry-after")) <= 2]
+        assert starved, "the first requests wait for the key's first tokens"
+        t, last = refused[-1]
+        reset = 60 - t % 60
+        assert reset <= int(last.header("retry-after")) <= reset + 2, (reset, last.headers)
+        calls = rls.stats()["calls"]
+        for _ in range(20):
+            assert get(fe.port, "t").status == 429
+            time.sleep(0.02)
+        assert rls.stats()["calls"] == calls, "no call for a key blocked until the reset"
