@@ -53,6 +53,21 @@ DEMO_PORTS = PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT
 run: build $(ENVOY)
 	ENVOY=$(ENVOY) $(DEMO_PORTS) scripts/run.sh
 
+# Two sluice Envoys sharing one global limit (scripts/run_fleet.py): Debian's
+# redis-server and the reference rate-limit service (rls/, --store redis) on
+# free ports, the demo upstream on UPSTREAM_PORT, and front Envoys
+# (--concurrency 2) on PORT and PORT2 (admin: ADMIN_PORT, ADMIN_PORT2) with a
+# global rule of 20 requests per minute per client address across both.
+# Prints what to try; Ctrl-C stops everything. Other ports, e.g.
+# make run-fleet PORT=20000 PORT2=20002 ADMIN_PORT=20901 ADMIN_PORT2=20903
+PORT2               ?= 10002
+ADMIN_PORT2         ?= 9903
+.PHONY: run-fleet
+run-fleet: build $(ENVOY) rls redis-deps
+	ENVOY_BIN=$(abspath $(ENVOY)) $(PY) scripts/run_fleet.py --port $(PORT) --port2 $(PORT2) \
+	  --admin-port $(ADMIN_PORT) --admin-port2 $(ADMIN_PORT2) \
+	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
+
 # The same demo in local Envoy containers, as examples/compose runs them: a
 # FROM scratch image with the venv's Envoy, a private Docker daemon (host
 # network, no bridge), everything removed on Ctrl-C. Same ports as run.
@@ -85,6 +100,14 @@ test-rls:
 	cd rls && cargo fmt --check
 	cd rls && cargo clippy --locked --all-targets -- -D warnings
 	cd rls && cargo test --locked
+
+# The same service optimized (rls/target/release/sluice-rls), for
+# bench/global.py: there Envoy's native ratelimit filter calls it on every
+# request, and a debug build spends several times more CPU per call (on the
+# same 2 cores). About 2 minutes from clean.
+.PHONY: rls-release
+rls-release:
+	cd rls && cargo build --locked --release
 
 # Debian's redis-server (7.0): tests/test_rls.py starts its own on a free
 # port, without persistence; the package's system service is never used.
@@ -142,17 +165,32 @@ oci: build
 # bench/results/latest.{json,md}. `make bench BENCH_ARGS=--breakdown` runs
 # the hot-path breakdown instead (bench/results/breakdown.{json,md});
 # BENCH_ARGS=--retry-storm only the retry storm (bench/results/retry-storm.*).
+# Then bench/overload.py (see bench-overload) and bench/global.py (see
+# bench-global).
 BENCH_ARGS ?=
-bench: build $(ENVOY)
+bench: build $(ENVOY) rls-release
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/overload.py
+	$(PY) bench/global.py
 
 # Overload control side by side (bench/overload.py, also run by `make bench`):
 # sluice's adaptive limit vs Envoy's adaptive_concurrency, graded breaking vs
 # admission_control, on an upstream whose capacity and error rate change.
 bench-overload: build $(ENVOY)
 	$(PY) bench/overload.py
+
+# Global rate limiting side by side (bench/global.py, also run by `make
+# bench`): Envoy's native ratelimit filter (one call per request) vs a sluice
+# global rule (token batches fetched ahead by one leader per Envoy) vs the
+# same rule local, against one reference rate-limit service (rls/, release
+# build, memory store, a limit never reached), interleaved rounds at
+# --concurrency 2: req/s, p50/p99 (flat out and paced), calls to the
+# service per request; about 2 minutes; writes bench/results/global.{json,md}.
+.PHONY: bench-global
+bench-global: build $(ENVOY) rls-release
+	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
+	$(PY) bench/global.py $(BENCH_ARGS)
 
 # Memory per sidecar (bench/memory.py): the front Envoy's RSS at
 # --concurrency 2 with no filter, a minimal Rust proxy-wasm filter
@@ -163,6 +201,6 @@ bench-memory: build $(ENVOY)
 	$(PY) bench/memory.py $(BENCH_ARGS)
 
 # Instructions per request under valgrind: deterministic, unlike CPU time.
-bench-instructions: build $(ENVOY)
+bench-instructions: build $(ENVOY) rls
 	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
 	$(PY) bench/instructions.py $(BENCH_ARGS)
