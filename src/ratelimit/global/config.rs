@@ -2,7 +2,7 @@
 //! service behind an Envoy cluster), and what happens when that service
 //! is slow or down.
 
-use crate::config::fields::{err, millis, ConfigError};
+use crate::config::fields::{err, millis, ConfigError, Strict};
 use crate::keys::KeyPart;
 use serde::Deserialize;
 
@@ -41,10 +41,10 @@ pub struct RawGlobal {
     #[serde(default)]
     pub failure_mode_deny: bool,
     #[serde(default)]
-    pub breaker: Option<RawServiceBreaker>,
+    pub breaker: Option<Strict<RawServiceBreaker>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RawServiceBreaker {
@@ -94,59 +94,96 @@ pub fn default_descriptor_key(part: &KeyPart) -> String {
 /// Validates `at.global` for a rule keyed by `key`.
 pub fn validate(at: &str, raw: RawGlobal, key: &[KeyPart]) -> Result<GlobalSpec, ConfigError> {
     let at = format!("{at}.global");
-    let cluster = match raw.cluster {
-        Some(c) if !c.trim().is_empty() => c,
-        _ => {
-            return Err(err(
-                format!("{at}.cluster"),
-                "missing: the Envoy cluster of the rate-limit service",
-            ))
-        }
-    };
-    match raw.protocol.as_deref() {
-        None | Some("rls") => {}
-        Some(p) => {
-            return Err(err(
-                format!("{at}.protocol"),
-                format!(
-                    "unknown protocol {p:?}: the only one is \"rls\" (envoy.service.ratelimit.v3)"
-                ),
-            ))
-        }
+    let cluster = validate_cluster(&at, raw.cluster)?;
+    if let Some(p) = raw.protocol.as_deref().filter(|p| *p != "rls") {
+        return Err(err(
+            format!("{at}.protocol"),
+            format!("unknown protocol {p:?}: the only one is \"rls\" (envoy.service.ratelimit.v3)"),
+        ));
     }
     if raw.domain.as_deref().is_some_and(str::is_empty) {
         return Err(err(format!("{at}.domain"), "must not be empty"));
     }
-    let domain = raw.domain;
-    let share = match (raw.instances, raw.share) {
-        (Some(_), Some(_)) => {
-            return Err(err(
-                format!("{at}.share"),
-                "give instances or share, not both",
+    let share = validate_share(&at, raw.instances, raw.share)?;
+    let descriptor_keys = validate_descriptor_keys(&at, raw.descriptor_keys, key)?;
+    let timeout_ms = millis(format!("{at}.timeout"), raw.timeout, "200ms")?;
+    if timeout_ms > 60_000 {
+        return Err(err(format!("{at}.timeout"), "must be at most 60s"));
+    }
+    let lead_ms = millis(format!("{at}.lead"), raw.lead, "1s")?;
+    if !(100..=60_000).contains(&lead_ms) {
+        return Err(err(format!("{at}.lead"), "must be between 100ms and 60s"));
+    }
+    let max_batch = int_in(format!("{at}.max_batch"), raw.max_batch, 100_000, MAX_BATCH)?;
+    let breaker = raw.breaker.map(Strict::into_inner).unwrap_or_default();
+    let failures = int_in(format!("{at}.breaker.failures"), breaker.failures, 3, 1_000)?;
+    let cooldown_ms = millis(format!("{at}.breaker.cooldown"), breaker.cooldown, "5s")?;
+    if !(100..=3_600_000).contains(&cooldown_ms) {
+        return Err(err(
+            format!("{at}.breaker.cooldown"),
+            "must be between 100ms and 1h",
+        ));
+    }
+    Ok(GlobalSpec {
+        cluster,
+        domain: raw.domain,
+        share,
+        descriptor_keys,
+        timeout_ms,
+        lead_ms,
+        max_batch,
+        failure_mode_deny: raw.failure_mode_deny,
+        failures,
+        cooldown_ms,
+    })
+}
+
+fn validate_cluster(at: &str, cluster: Option<String>) -> Result<String, ConfigError> {
+    match cluster {
+        Some(c) if c.trim().is_empty() || c.len() > 512 || c.chars().any(char::is_control) => {
+            Err(err(
+                format!("{at}.cluster"),
+                "must be an Envoy cluster name (1 to 512 characters, no control characters)",
             ))
         }
-        (Some(n), None) if (1..=100_000).contains(&n) => 1.0 / n as f64,
-        (Some(n), None) => {
-            return Err(err(
-                format!("{at}.instances"),
-                format!("must be between 1 and 100000, got {n}"),
-            ))
-        }
-        (None, Some(s)) if s > 0.0 && s <= 1.0 => s,
-        (None, Some(s)) => {
-            return Err(err(
-                format!("{at}.share"),
-                format!("must be above 0 and at most 1, got {s}"),
-            ))
-        }
-        (None, None) => {
-            return Err(err(
-                format!("{at}.instances"),
-                "missing: how many Envoys share the limit (or `share`), to size the backstop",
-            ))
-        }
-    };
-    let descriptor_keys = match raw.descriptor_keys {
+        Some(c) => Ok(c),
+        None => Err(err(
+            format!("{at}.cluster"),
+            "missing: the Envoy cluster of the rate-limit service",
+        )),
+    }
+}
+
+/// The backstop's share of the limit: `1 / instances`, or `share`.
+fn validate_share(
+    at: &str,
+    instances: Option<i64>,
+    share: Option<f64>,
+) -> Result<f64, ConfigError> {
+    match (instances, share) {
+        (Some(_), Some(_)) => Err(err(
+            format!("{at}.share"),
+            "give instances or share, not both",
+        )),
+        (Some(n), None) => Ok(1.0 / int_in(format!("{at}.instances"), Some(n), 1, 100_000)? as f64),
+        (None, Some(s)) if s > 0.0 && s <= 1.0 => Ok(s),
+        (None, Some(s)) => Err(err(
+            format!("{at}.share"),
+            format!("must be above 0 and at most 1, got {s}"),
+        )),
+        (None, None) => Err(err(
+            format!("{at}.instances"),
+            "missing: how many Envoys share the limit (or `share`), to size the backstop",
+        )),
+    }
+}
+
+fn validate_descriptor_keys(
+    at: &str,
+    raw: Option<Vec<String>>,
+    key: &[KeyPart],
+) -> Result<Vec<String>, ConfigError> {
+    let keys = match raw {
         None => key.iter().map(default_descriptor_key).collect(),
         Some(keys) if keys.len() != key.len() => {
             return Err(err(
@@ -158,79 +195,28 @@ pub fn validate(at: &str, raw: RawGlobal, key: &[KeyPart]) -> Result<GlobalSpec,
                 ),
             ))
         }
-        Some(keys) => {
-            for (i, k) in keys.iter().enumerate() {
-                if k.is_empty() || k.len() > 128 {
-                    return Err(err(
-                        format!("{at}.descriptor_keys[{i}]"),
-                        "must be 1 to 128 characters",
-                    ));
-                }
-            }
-            keys
-        }
+        Some(keys) => keys,
     };
-    if descriptor_keys.is_empty() {
+    if let Some(i) = keys.iter().position(|k| k.is_empty() || k.len() > 128) {
         return Err(err(
-            at.clone(),
+            format!("{at}.descriptor_keys[{i}]"),
+            "must be 1 to 128 characters",
+        ));
+    }
+    if keys.is_empty() {
+        return Err(err(
+            at.to_string(),
             "a global rule needs a key (the descriptor sent to the service)",
         ));
     }
-    let timeout_ms = millis(format!("{at}.timeout"), raw.timeout, "200ms")?;
-    let lead_ms = millis(format!("{at}.lead"), raw.lead, "1s")?;
-    if timeout_ms > 60_000 {
-        return Err(err(format!("{at}.timeout"), "must be at most 60s"));
+    Ok(keys)
+}
+
+/// An integer field between 1 and `max`; `default` if absent.
+fn int_in(field: String, value: Option<i64>, default: u32, max: i64) -> Result<u32, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(n as u32),
+        Some(n) => Err(err(field, format!("must be between 1 and {max}, got {n}"))),
     }
-    if !(100..=60_000).contains(&lead_ms) {
-        return Err(err(format!("{at}.lead"), "must be between 100ms and 60s"));
-    }
-    let max_batch = match raw.max_batch {
-        None => 100_000,
-        Some(n) if (1..=MAX_BATCH).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(err(
-                format!("{at}.max_batch"),
-                format!("must be between 1 and {MAX_BATCH}, got {n}"),
-            ))
-        }
-    };
-    let breaker = raw.breaker.unwrap_or(RawServiceBreaker {
-        failures: None,
-        cooldown: None,
-    });
-    let failures = match breaker.failures {
-        None => 3,
-        Some(n) if (1..=1_000).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(err(
-                format!("{at}.breaker.failures"),
-                format!("must be between 1 and 1000, got {n}"),
-            ))
-        }
-    };
-    let cooldown_ms = millis(format!("{at}.breaker.cooldown"), breaker.cooldown, "5s")?;
-    if !(100..=3_600_000).contains(&cooldown_ms) {
-        return Err(err(
-            format!("{at}.breaker.cooldown"),
-            "must be between 100ms and 1h",
-        ));
-    }
-    if cluster.len() > 512 || cluster.chars().any(char::is_control) {
-        return Err(err(
-            format!("{at}.cluster"),
-            "must be an Envoy cluster name (at most 512 characters, no control characters)",
-        ));
-    }
-    Ok(GlobalSpec {
-        cluster,
-        domain,
-        share,
-        descriptor_keys,
-        timeout_ms,
-        lead_ms,
-        max_batch,
-        failure_mode_deny: raw.failure_mode_deny,
-        failures,
-        cooldown_ms,
-    })
 }

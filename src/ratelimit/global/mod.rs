@@ -411,12 +411,44 @@ impl Coordinator {
     /// The leader's work: take in the demand, move the breakers on, and
     /// ask for the tokens the keys will need.
     fn lead(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix, report: &mut Report) {
+        self.take_demand(store, now_ms);
+        self.update_rates(now_ms);
+        self.forget_idle(store, now_ms, report);
+        let mut probes: Vec<bool> = Vec::with_capacity(self.services.len());
+        for (i, s) in self.services.iter_mut().enumerate() {
+            probes.push(s.advance(store, now_ms, rng, i, report));
+        }
+        for (g, fp) in self.due(now_ms) {
+            if report.calls.len() >= MAX_CALLS_PER_TICK {
+                break;
+            }
+            let Some(svc) = self.rules.get(g as usize).map(|r| r.service) else {
+                continue;
+            };
+            let probe = match self.services.get(svc).map(|s| s.health.state) {
+                Some(HealthState::Closed) => false,
+                Some(HealthState::HalfOpen) if probes.get(svc) == Some(&true) => true,
+                _ => continue,
+            };
+            if let Some(call) = self.plan(store, now_ms, g, fp) {
+                report.calls.push(call);
+                if probe {
+                    // One probe: the first call made while half-open.
+                    if let Some(p) = probes.get_mut(svc) {
+                        *p = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each key's rate: the demand since the last tick, smoothed.
+    fn update_rates(&mut self, now_ms: u64) {
         let dt_ms = match self.last_tick_ms {
             0 => 100,
             last => now_ms.saturating_sub(last).clamp(1, 10_000),
         };
         self.last_tick_ms = now_ms;
-        self.take_demand(store, now_ms);
         for k in self.keys.values_mut() {
             let seen = k.pending as f64 * 1_000.0 / dt_ms as f64;
             k.rate = if k.rate == 0.0 {
@@ -426,6 +458,10 @@ impl Coordinator {
             };
             k.last_pending = std::mem::take(&mut k.pending);
         }
+    }
+
+    /// Forgets the keys without demand for `IDLE_MS`.
+    fn forget_idle(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
         let idle: Vec<(u8, u64)> = self
             .keys
             .iter()
@@ -436,46 +472,20 @@ impl Coordinator {
             self.keys.remove(&id);
             self.forget(store, now_ms, id, report);
         }
-        let mut probes: Vec<bool> = Vec::with_capacity(self.services.len());
-        for (i, s) in self.services.iter_mut().enumerate() {
-            probes.push(s.advance(store, now_ms, rng, i, report));
-        }
-        let mut due = Vec::new();
+    }
+
+    /// The keys that may need tokens now, the busiest first (what matters
+    /// when a tick cannot serve everyone).
+    fn due(&self, now_ms: u64) -> Vec<(u8, u64)> {
+        let mut due: Vec<((u8, u64), f64)> = Vec::new();
         for (&(g, fp), k) in &self.keys {
             let lead_ms = self.rules.get(g as usize).map_or(1_000, |r| r.spec.lead_ms);
-            if k.inflight || now_ms < k.blocked_until_ms || !k.wanted(lead_ms) {
-                continue;
-            }
-            due.push((g, fp));
-        }
-        // Oldest demand first would need an order; the busiest first is
-        // what matters when a tick cannot serve everyone.
-        due.sort_by(|a, b| {
-            let ra = self.keys.get(a).map_or(0.0, |k| k.rate);
-            let rb = self.keys.get(b).map_or(0.0, |k| k.rate);
-            rb.total_cmp(&ra)
-        });
-        for (g, fp) in due {
-            if report.calls.len() >= MAX_CALLS_PER_TICK {
-                break;
-            }
-            let Some(rule) = self.rules.get(g as usize) else {
-                continue;
-            };
-            let svc = rule.service;
-            match self.services.get(svc).map(|s| s.health.state) {
-                Some(HealthState::Closed) => {}
-                Some(HealthState::HalfOpen) if probes.get(svc) == Some(&true) => {
-                    if let Some(p) = probes.get_mut(svc) {
-                        *p = false; // one probe
-                    }
-                }
-                _ => continue,
-            }
-            if let Some(call) = self.plan(store, now_ms, g, fp) {
-                report.calls.push(call);
+            if !k.inflight && now_ms >= k.blocked_until_ms && k.wanted(lead_ms) {
+                due.push(((g, fp), k.rate));
             }
         }
+        due.sort_by(|a, b| b.1.total_cmp(&a.1));
+        due.into_iter().map(|(id, _)| id).collect()
     }
 
     /// A key forgotten for want of demand: what its pool still holds is
@@ -643,7 +653,26 @@ impl Coordinator {
         if result == CallResult::Error {
             return report;
         }
-        let until = window_end(now_ms, &status, rule.window_ms);
+        self.fill(store, now_ms, (g, fp, hits), result, &status, &mut report);
+        report
+    }
+
+    /// Puts an answer into the key's pool: the tokens granted, or the
+    /// block until the reset.
+    fn fill(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        (g, fp, hits): (u8, u64, u32),
+        result: CallResult,
+        status: &proto::Status,
+        report: &mut Report,
+    ) {
+        let gi = g as usize;
+        let Some(rule) = self.rules.get(gi) else {
+            return;
+        };
+        let until = window_end(now_ms, status, rule.window_ms);
         let (slot, tag) = pool_slot(rule, fp);
         // A refused batch of several hits is followed by one of a single
         // hit (a server that does not count refused hits may still have
@@ -673,7 +702,6 @@ impl Coordinator {
                 k.blocked_until_ms = until;
             }
         }
-        report
     }
 
     /// The configuration is going away.

@@ -565,3 +565,41 @@ fn tokens_left_unspent_at_the_window_end_are_counted_as_dropped() {
     let r = l.answer(&store, T0 + 2_310, &call, Some(response(1, 80, 60)));
     assert_eq!(r.dropped, vec![(0, 7)]);
 }
+
+#[test]
+fn a_half_open_probe_goes_to_a_key_that_needs_tokens() {
+    let store = MemoryStore::default();
+    let json = config(r#","breaker":{"failures":1,"cooldown":"1s"}"#);
+    let mut l = vm(&json, 1, &store);
+    l.tick(&store, T0);
+    // Key a is well stocked: 25 tokens for 5 requests a tick.
+    for _ in 0..5 {
+        l.request(&store, T0 + 1, "a");
+    }
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    l.answer(&store, T0 + 110, &call, Some(response(1, 75, 3_000)));
+    // Key b's first call fails: the breaker opens.
+    l.request(&store, T0 + 120, "b");
+    let calls = l.tick(&store, T0 + 200).calls;
+    assert_eq!(calls.len(), 1);
+    l.answer(&store, T0 + 210, &calls[0], None);
+    // Demand on both, a's the higher; after the cool-down the one probe
+    // goes to b (a has tokens enough: no call for it).
+    let mut now = T0 + 300;
+    while now < T0 + 1_600 {
+        for _ in 0..2 {
+            l.request(&store, now, "a");
+        }
+        l.request(&store, now, "b");
+        let calls = l.tick(&store, now).calls;
+        if !calls.is_empty() {
+            assert_eq!(calls.len(), 1, "one probe");
+            assert!(now >= T0 + 1_210, "not before the cool-down");
+            // The descriptor entry's value is "b".
+            assert!(calls[0].message.windows(3).any(|w| w == [0x12, 1, b'b']));
+            return;
+        }
+        now += 100;
+    }
+    panic!("no probe");
+}
