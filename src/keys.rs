@@ -126,6 +126,13 @@ impl Placement {
         (self.fingerprint as u32) | 1
     }
 
+    /// The tag of a global rule's pool: from the hash's high bits, which
+    /// do not choose the first slot (two keys share a pool only if 32 more
+    /// bits of their hashes agree).
+    pub fn pool_tag(&self) -> u32 {
+        ((self.fingerprint >> 32) as u32) | 1
+    }
+
     /// The used slot indexes.
     pub fn slots(&self) -> &[u32] {
         self.slots.get(..self.count).unwrap_or(&self.slots)
@@ -160,24 +167,29 @@ pub fn place(
             },
         }
     }
-    let fingerprint = h.finish();
-    if !has_variable_parts(parts) || table_size == 1 {
-        return Some(Placement {
+    Some(placement(h.finish(), has_variable_parts(parts), table_size))
+}
+
+/// Where a key of this hash lives: one slot for a key without variable
+/// parts (or a table of one), else two distinct ones.
+pub fn placement(fingerprint: u64, variable: bool, table_size: u32) -> Placement {
+    if !variable || table_size <= 1 {
+        return Placement {
             fingerprint,
             slots: [0, 0],
             count: 1,
-        });
+        };
     }
     let n = table_size as u64;
     let first = fingerprint % n;
     // The second slot is derived from the high bits and never equals the first.
     let step = 1 + (fingerprint >> 32).wrapping_mul(0x9e37_79b9) % (n - 1);
     let second = (first + step) % n;
-    Some(Placement {
+    Placement {
         fingerprint,
         slots: [first as u32, second as u32],
         count: 2,
-    })
+    }
 }
 
 /// The values of a key's parts, as the request has them (a missing part

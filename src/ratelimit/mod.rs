@@ -177,6 +177,10 @@ enum Commit {
     Failed,
 }
 
+/// Most global rules in one configuration (their demand is reported with
+/// a one-byte rule index).
+pub const MAX_GLOBAL_RULES: usize = 255;
+
 /// A stable 32-bit identifier of a rule's table: a changed rule gets a
 /// fresh table; an unchanged one keeps its state across reconfiguration.
 /// Short on purpose: slot keys such as `sl1f2e3d4c/12345` fit Envoy's
@@ -189,11 +193,17 @@ fn table_id(domain: &str, spec: &RuleSpec) -> u32 {
         Algorithm::Window(w) => id.text("sliding_window").num(w.limit).num(w.window_ns),
         Algorithm::Pool(p) => {
             let g = spec.global.as_deref().map(|g| &g.service);
-            id.text("global")
+            let mut id = id
+                .text("global")
                 .num(p.quota)
                 .num(p.window_ns)
                 .text(g.map_or("", |g| g.cluster.as_str()))
-                .text(g.and_then(|g| g.domain.as_deref()).unwrap_or(domain))
+                .text(g.and_then(|g| g.domain.as_deref()).unwrap_or(domain));
+            // Tokens were paid for under these descriptor names.
+            for k in g.map_or(&[][..], |g| g.descriptor_keys.as_slice()) {
+                id = id.text(k);
+            }
+            id
         }
     };
     for part in &spec.key {
@@ -218,6 +228,13 @@ impl Limiter {
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
             check_state_id("rate_limits", i, &prefix, earlier)?;
+            let globals = rules.iter().filter(|r| r.global.is_some()).count();
+            if spec.global.is_some() && globals >= MAX_GLOBAL_RULES {
+                return Err(crate::config::fields::err(
+                    format!("rate_limits[{i}].global"),
+                    format!("at most {MAX_GLOBAL_RULES} global rules in one configuration"),
+                ));
+            }
             let global = spec.global.as_deref().map(|g| {
                 let mut backstop = spec.clone();
                 backstop.algorithm = g.backstop;
@@ -384,7 +401,7 @@ impl Limiter {
             if !spec.matcher.matches(req) {
                 continue;
             }
-            let Some(mut placement) = place(
+            let Some(placement) = place(
                 &spec.key,
                 spec.on_missing_key,
                 self.seed,
@@ -395,9 +412,6 @@ impl Limiter {
             };
             if rule.global.is_some() {
                 global_keys.push((i, placement.fingerprint));
-                if matches!(spec.algorithm, Algorithm::Pool(_)) {
-                    placement.count = 1; // a pool is one key's, in one slot
-                }
             }
             let cost = Self::cost(spec, req);
             let slack_ns = match spec.shaping {
@@ -448,25 +462,37 @@ impl Limiter {
             reads.push(self.read_slot(store, rule, slot, now_ns, fresh)?);
         }
         let algorithm = &spec.algorithm;
-        let decision = reads
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
-            .map_or(0, |(i, _)| i);
+        let pool = matches!(algorithm, Algorithm::Pool(_));
+        let tag = Self::tag(algorithm, &placement);
+        let decision = if pool {
+            // A pool is one key's, in whichever of its slots it holds.
+            reads
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.slot.fingerprint == tag)
+                .max_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
+                .map_or(0, |(i, _)| i)
+        } else {
+            reads
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
+                .map_or(0, |(i, _)| i)
+        };
         let state = reads.get(decision)?.slot;
-        // A pool holds one key's tokens: another key's are not ours.
-        let tat = match algorithm {
-            Algorithm::Pool(_) if state.fingerprint != placement.tag() => 0,
-            _ => state.tat,
+        // Another key's pool is not ours.
+        let tat = if pool && state.fingerprint != tag {
+            0
+        } else {
+            state.tat
         };
         let outcome = algorithm.decide(tat, now_ns, cost, slack_ns);
         if !outcome.allowed() && reads.iter().any(|r| r.remembered) {
             // No write will check a remembered value behind a refusal.
             return self.read(store, ask, now_ns, true);
         }
-        let collision = state.fingerprint != 0
-            && state.fingerprint != placement.tag()
-            && algorithm.busy(state.tat, now_ns);
+        let collision =
+            state.fingerprint != 0 && state.fingerprint != tag && algorithm.busy(state.tat, now_ns);
         let report = Self::report(rule, spec.shadow, cost, &outcome, &reads, collision);
         Some(Pending {
             ask,
@@ -709,7 +735,12 @@ impl Limiter {
     /// update), and lowering it would let that key escape its limit. An
     /// unrefunded charge can only refuse more, never admit more.
     fn refund(&self, store: &dyn Store, p: &Pending, before: Slot, after: Slot) {
-        if p.ask.placement.count != 1 {
+        let pool = self
+            .rules
+            .get(p.ask.rule)
+            .is_some_and(|r| matches!(r.spec.algorithm, Algorithm::Pool(_)));
+        // A pool's slot is only ever its key's: its refund is always safe.
+        if p.ask.placement.count != 1 && !pool {
             return;
         }
         let Some(Read { key, .. }) = p.reads.get(p.decision) else {
@@ -728,18 +759,29 @@ impl Limiter {
         }
     }
 
+    /// The tag written with a key's state: a pool's comes from other bits
+    /// of the hash than its first slot.
+    fn tag(algorithm: &Algorithm, placement: &Placement) -> u32 {
+        match algorithm {
+            Algorithm::Pool(_) => placement.pool_tag(),
+            _ => placement.tag(),
+        }
+    }
+
     fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
         let Outcome::Allow { new_tat, .. } = p.outcome else {
             return Commit::Done;
         };
-        let fingerprint = p.ask.placement.tag();
         let Some(rule) = self.rules.get(p.ask.rule) else {
             return Commit::Failed;
         };
         let algorithm = &rule.spec.algorithm;
+        let fingerprint = Self::tag(algorithm, &p.ask.placement);
+        // A pool is spent in its one slot; the other is another key's.
+        let pool = matches!(algorithm, Algorithm::Pool(_));
         for (j, read) in p.reads.iter().enumerate() {
             let covered = algorithm.merge(read.slot.tat, new_tat) == read.slot.tat;
-            if j == p.decision || (covered && !read.corrupt) {
+            if pool || j == p.decision || (covered && !read.corrupt) {
                 continue;
             }
             let new = Slot {

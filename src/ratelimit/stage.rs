@@ -156,6 +156,8 @@ fn coordinator(
                 .max(1),
             service,
             quota: g.limit.quota(),
+            cost_max: rule.spec.cost.max,
+            variable: crate::keys::has_variable_parts(&rule.spec.key),
         });
     }
     if rules.is_empty() {
@@ -392,11 +394,13 @@ impl RateLimits {
             }
             // Refused for want of tokens (not over the limit: that waits
             // for the reset, not a second).
-            let starved = eval.reports.iter().any(|x| {
-                x.rule == rule
-                    && matches!(x.result, RuleResult::Limited | RuleResult::ShadowLimited)
-                    && x.wait_ns == super::global::STARVED_WAIT_NS
-            });
+            let Some(report) = eval.reports.iter().find(|x| x.rule == rule) else {
+                continue;
+            };
+            let starved = matches!(
+                report.result,
+                RuleResult::Limited | RuleResult::ShadowLimited
+            ) && report.wait_ns == super::global::STARVED_WAIT_NS;
             if starved {
                 if let Some(m) = self.global_metrics.get(*gi) {
                     cx.add(m.starved, 1);
@@ -405,7 +409,9 @@ impl RateLimits {
                     cx.tick_changed = true;
                 }
             }
-            g.note(*gi, fp, starved, || crate::keys::values(&r.spec.key, req));
+            g.note(*gi, fp, starved, report.cost, || {
+                crate::keys::values(&r.spec.key, req)
+            });
         }
     }
 

@@ -115,18 +115,19 @@ pub const MAX_WANTS_LEN: usize = 256 * 1024;
 /// refuses more).
 pub const MAX_VALUE_LEN: usize = 1024;
 
-/// Encodes demand records; returns the bytes and how many did not fit.
-pub fn encode_wants<'a>(wants: impl Iterator<Item = &'a Want>) -> (Vec<u8>, usize) {
+/// Encodes demand records; returns the bytes and the positions of those
+/// that did not fit.
+pub fn encode_wants<'a>(wants: impl Iterator<Item = &'a Want>) -> (Vec<u8>, Vec<usize>) {
     let mut b = vec![VERSION];
-    let mut left_out = 0;
-    for w in wants {
+    let mut left_out = Vec::new();
+    for (i, w) in wants.enumerate() {
         let size = 14
             + w.values
                 .iter()
                 .map(|v| 2 + v.len().min(MAX_VALUE_LEN))
                 .sum::<usize>();
         if b.len() + size + 4 > MAX_WANTS_LEN || w.values.len() > 255 {
-            left_out += 1;
+            left_out.push(i);
             continue;
         }
         b.push(w.rule);

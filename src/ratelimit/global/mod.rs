@@ -27,6 +27,8 @@ pub mod config;
 pub mod pool;
 pub mod proto;
 #[cfg(test)]
+mod scenario_tests;
+#[cfg(test)]
 mod tests;
 
 use crate::config::fields::StateId;
@@ -49,6 +51,11 @@ pub const MAX_CALLS_PER_TICK: usize = 128;
 /// The lease, leader and breaker work runs at most this often (ms): on
 /// the slow tick, not on the fast ticks a starved key asks for.
 const SLOW_WORK_MS: u64 = 90;
+/// A pool whose key had no demand for this long may be taken by a key
+/// that has no slot (ms).
+const FRESH_MS: u64 = 5_000;
+/// A starved key's demand is reported at most this often (ms).
+const FAST_REPORT_MS: u64 = 10;
 /// How soon a request refused for want of tokens (the key's pool is being
 /// filled; not over its limit) is told to come back.
 pub const STARVED_WAIT_NS: u64 = 1_000_000_000;
@@ -115,6 +122,10 @@ pub struct GlobalRule {
     pub service: usize,
     /// The rule's own statement of the limit (per window).
     pub quota: u64,
+    /// The most a request may cost (`cost.max`): a batch is never smaller.
+    pub cost_max: u64,
+    /// Whether the key has variable parts (two slots per key).
+    pub variable: bool,
 }
 
 /// What happened during a call into the coordinator, for metrics and the
@@ -146,6 +157,8 @@ struct Key {
     pending: u64,
     /// The demand of the last tick.
     last_pending: u64,
+    /// When the last call for it started (0: never).
+    last_call_ms: u64,
     last_demand_ms: u64,
     inflight: bool,
     blocked_until_ms: u64,
@@ -175,11 +188,16 @@ pub struct Coordinator {
     /// Demand noted by this VM since its last report, by (rule, key hash).
     local: FastMap<(u8, u64), Want>,
     keys: FastMap<(u8, u64), Key>,
-    calls: FastMap<u64, (u8, u64, u32)>,
+    /// Calls out: (rule, key hash, hits, when it started).
+    calls: FastMap<u64, (u8, u64, u32, u64)>,
     next_call: u64,
     last_tick_ms: u64,
     /// When the lease, leader and breaker work last ran.
     last_slow_ms: u64,
+    /// When this VM last reported its demand.
+    last_report_ms: u64,
+    /// The leader's keys by (rule, pool tag): when each last had demand.
+    owners: FastMap<(u8, u32), u64>,
     /// Starved keys were noted since the last report.
     cold: bool,
     modes: Vec<Mode>,
@@ -217,6 +235,8 @@ impl Coordinator {
             next_call: 1,
             last_tick_ms: 0,
             last_slow_ms: 0,
+            last_report_ms: 0,
+            owners: FastMap::default(),
             cold: false,
             modes,
         }
@@ -252,16 +272,19 @@ impl Coordinator {
     /// over its limit) asks for the demand to be reported on the next fast
     /// tick rather than the next slow one (see `wants_fast_tick`), so that
     /// its first tokens come sooner; nothing is written on the request path.
+    /// Demand is counted in tokens (`cost`), as batches are.
     pub fn note(
         &mut self,
         g: usize,
         fingerprint: u64,
         starved: bool,
+        cost: u64,
         values: impl FnOnce() -> Vec<Vec<u8>>,
     ) {
         self.cold |= starved;
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         if let Some(w) = self.local.get_mut(&(g as u8, fingerprint)) {
-            w.count = w.count.saturating_add(1);
+            w.count = w.count.saturating_add(cost);
             return;
         }
         if self.local.len() >= MAX_LOCAL_KEYS {
@@ -272,8 +295,15 @@ impl Coordinator {
             Want {
                 rule: g as u8,
                 fingerprint,
-                count: 1,
-                values: values(),
+                count: cost,
+                // Cut here, not only when encoded: a VM keeps no more.
+                values: values()
+                    .into_iter()
+                    .map(|mut v| {
+                        v.truncate(codec::MAX_VALUE_LEN);
+                        v
+                    })
+                    .collect(),
             },
         );
     }
@@ -288,9 +318,15 @@ impl Coordinator {
     /// tick (asked for by a starved key) only the demand is reported.
     pub fn tick(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix) -> Report {
         let mut report = Report::default();
-        self.report_demand(store);
-        self.cold = false;
-        if now_ms.saturating_sub(self.last_slow_ms) < SLOW_WORK_MS {
+        let slow = now_ms.saturating_sub(self.last_slow_ms) >= SLOW_WORK_MS;
+        // Fast reports at most every FAST_REPORT_MS: each rewrites the
+        // shared record.
+        if slow || now_ms.saturating_sub(self.last_report_ms) >= FAST_REPORT_MS {
+            self.report_demand(store);
+            self.last_report_ms = now_ms;
+            self.cold = false;
+        }
+        if !slow {
             return report;
         }
         self.last_slow_ms = now_ms;
@@ -331,10 +367,19 @@ impl Coordinator {
                     }
                 }
             }
-            let (bytes, _) = codec::encode_wants(merged.iter());
+            let (bytes, left_out) = codec::encode_wants(merged.iter());
             match store.set(&self.want_key, &bytes, cas) {
                 Ok(()) => {
-                    self.local.clear();
+                    // What did not fit waits here for the next report.
+                    let kept: FastMap<(u8, u64), Want> = left_out
+                        .iter()
+                        .filter_map(|&i| merged.get(i))
+                        .filter_map(|w| {
+                            let k = (w.rule, w.fingerprint);
+                            self.local.get(&k).map(|l| (k, l.clone()))
+                        })
+                        .collect();
+                    self.local = kept;
                     return;
                 }
                 Err(StoreError::CasMismatch) => continue,
@@ -412,6 +457,11 @@ impl Coordinator {
     /// ask for the tokens the keys will need.
     fn lead(&mut self, store: &dyn Store, now_ms: u64, rng: &mut SplitMix, report: &mut Report) {
         self.take_demand(store, now_ms);
+        self.owners = self
+            .keys
+            .iter()
+            .map(|(&(g, fp), k)| ((g, ((fp >> 32) as u32) | 1), k.last_demand_ms))
+            .collect();
         self.update_rates(now_ms);
         self.forget_idle(store, now_ms, report);
         let mut probes: Vec<bool> = Vec::with_capacity(self.services.len());
@@ -430,13 +480,35 @@ impl Coordinator {
                 Some(HealthState::HalfOpen) if probes.get(svc) == Some(&true) => true,
                 _ => continue,
             };
-            if let Some(call) = self.plan(store, now_ms, g, fp) {
+            if let Some(call) = self.plan(store, now_ms, g, fp, false) {
                 report.calls.push(call);
                 if probe {
                     // One probe: the first call made while half-open.
                     if let Some(p) = probes.get_mut(svc) {
                         *p = false;
                     }
+                }
+            }
+        }
+        // A half-open breaker whose probe found no key short of tokens
+        // (on the backstop, pools are not spent): one hit for its busiest
+        // key, so that the service's return is noticed anyway.
+        for (svc, _) in probes.iter().enumerate().filter(|(_, p)| **p) {
+            let busiest = self
+                .keys
+                .iter()
+                .filter(|((g, _), k)| {
+                    !k.inflight
+                        && self
+                            .rules
+                            .get(*g as usize)
+                            .is_some_and(|r| r.service == svc)
+                })
+                .max_by(|a, b| a.1.rate.total_cmp(&b.1.rate))
+                .map(|(&id, _)| id);
+            if let Some((g, fp)) = busiest {
+                if let Some(call) = self.plan(store, now_ms, g, fp, true) {
+                    report.calls.push(call);
                 }
             }
         }
@@ -474,17 +546,18 @@ impl Coordinator {
         }
     }
 
-    /// The keys that may need tokens now, the busiest first (what matters
-    /// when a tick cannot serve everyone).
+    /// The keys that may need tokens now, the one called least recently
+    /// first: when a tick cannot serve everyone, every key still gets its
+    /// turn within a few ticks.
     fn due(&self, now_ms: u64) -> Vec<(u8, u64)> {
-        let mut due: Vec<((u8, u64), f64)> = Vec::new();
+        let mut due: Vec<((u8, u64), u64)> = Vec::new();
         for (&(g, fp), k) in &self.keys {
             let lead_ms = self.rules.get(g as usize).map_or(1_000, |r| r.spec.lead_ms);
             if !k.inflight && now_ms >= k.blocked_until_ms && k.wanted(lead_ms) {
-                due.push(((g, fp), k.rate));
+                due.push(((g, fp), k.last_call_ms));
             }
         }
-        due.sort_by(|a, b| b.1.total_cmp(&a.1));
+        due.sort_unstable_by_key(|&(_, t)| t);
         due.into_iter().map(|(id, _)| id).collect()
     }
 
@@ -495,18 +568,15 @@ impl Coordinator {
         let Some(rule) = self.rules.get(g as usize) else {
             return;
         };
-        let (slot, tag) = pool_slot(rule, fp);
-        if let Ok(Some(e)) = store.get(&slot) {
-            if let Ok(s) = crate::ratelimit::codec::Slot::decode(&e.bytes) {
-                let left = if s.fingerprint == tag {
-                    expired(s.tat, now_ms)
-                } else {
-                    0
-                };
-                if left > 0 {
-                    report.dropped.push((g as usize, u64::from(left)));
-                }
-            }
+        let (keys, tag) = pool_slots(rule, fp);
+        let left: u32 = read_sites(store, &keys)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s.slot.filter(|s| s.fingerprint == tag))
+            .map(|s| expired(s.tat, now_ms))
+            .sum();
+        if left > 0 {
+            report.dropped.push((g as usize, u64::from(left)));
         }
     }
 
@@ -538,16 +608,16 @@ impl Coordinator {
         if usize::from(w.rule) >= self.rules.len() {
             return;
         }
-        let full = self.keys.len() >= MAX_KEYS;
         let key = (w.rule, w.fingerprint);
-        if full && !self.keys.contains_key(&key) {
-            return;
+        if self.keys.len() >= MAX_KEYS && !self.keys.contains_key(&key) {
+            self.evict();
         }
         let k = self.keys.entry(key).or_insert_with(|| Key {
             values: w.values,
             rate: 0.0,
             pending: 0,
             last_pending: 0,
+            last_call_ms: 0,
             last_demand_ms: now_ms,
             inflight: false,
             blocked_until_ms: 0,
@@ -557,34 +627,52 @@ impl Coordinator {
         k.last_demand_ms = now_ms;
     }
 
+    /// Makes room in a full key table: the tenth of the keys whose demand
+    /// is oldest are forgotten (a new key is never locked out).
+    fn evict(&mut self) {
+        let mut by_age: Vec<((u8, u64), u64)> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| !k.inflight)
+            .map(|(&id, k)| (id, k.last_demand_ms))
+            .collect();
+        by_age.sort_unstable_by_key(|&(_, t)| t);
+        for (id, _) in by_age.into_iter().take(MAX_KEYS / 10) {
+            self.keys.remove(&id);
+        }
+    }
+
     /// The call for a key whose pool runs low, if it does.
-    fn plan(&mut self, store: &dyn Store, now_ms: u64, g: u8, fp: u64) -> Option<Call> {
+    /// `probe`: a half-open breaker's probe, one hit, made even if the
+    /// pool holds enough.
+    fn plan(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        g: u8,
+        fp: u64,
+        probe: bool,
+    ) -> Option<Call> {
         let rule = self.rules.get(g as usize)?;
         let k = self.keys.get(&(g, fp))?;
-        let lead_s = rule.spec.lead_ms as f64 / 1_000.0;
-        // A lead's worth of demand, at most max_batch and half this Envoy's
-        // share of the limit (what a refused batch may waste).
-        let cap = u64::from(rule.spec.max_batch)
-            .min(((rule.quota as f64 * rule.spec.share / 2.0) as u64).max(1));
-        let mut batch = ((k.rate * lead_s).ceil() as u64).clamp(1, cap);
-        if let Some(left) = k.remaining {
-            // Near the limit, each Envoy asks for half its share of what
-            // was left, so that batches shrink as the count nears the limit
-            // and a refused batch (counted by most servers) wastes little.
-            batch = batch.min(((left as f64 * rule.spec.share / 2.0) as u64).max(1));
-        }
-        let (slot_key, tag) = pool_slot(rule, fp);
-        let live = match store.get(&slot_key) {
-            Ok(Some(e)) => match crate::ratelimit::codec::Slot::decode(&e.bytes) {
-                Ok(s) if s.fingerprint == tag => u64::from(Pool::decode(s.tat).live(now_ms)),
-                _ => 0,
-            },
-            _ => 0,
-        };
-        if live > batch / 2 {
+        let batch = batch(rule, k);
+        let (keys, tag) = pool_slots(rule, fp);
+        // No slot for a pool: no call (the tokens would have nowhere to go).
+        let fresh = fresh(&self.owners, g, now_ms);
+        let live = u64::from(live_tokens(
+            &read_sites(store, &keys)?,
+            tag,
+            now_ms,
+            &fresh,
+        )?);
+        if !probe && live > batch / 2 && live >= rule.cost_max.min(batch) {
             return None;
         }
-        let hits = batch.saturating_sub(live).max(1) as u32;
+        let hits = if probe {
+            1
+        } else {
+            batch.saturating_sub(live).max(1) as u32
+        };
         let parts: Vec<(&str, &[u8])> = rule
             .spec
             .descriptor_keys
@@ -597,9 +685,10 @@ impl Coordinator {
         let timeout_ms = rule.spec.timeout_ms;
         let id = self.next_call;
         self.next_call += 1;
-        self.calls.insert(id, (g, fp, hits));
+        self.calls.insert(id, (g, fp, hits, now_ms));
         if let Some(k) = self.keys.get_mut(&(g, fp)) {
             k.inflight = true;
+            k.last_call_ms = now_ms;
         }
         Some(Call {
             id,
@@ -622,7 +711,7 @@ impl Coordinator {
         body: Option<&[u8]>,
     ) -> Report {
         let mut report = Report::default();
-        let Some((g, fp, hits)) = self.calls.remove(&id) else {
+        let Some((g, fp, hits, started_ms)) = self.calls.remove(&id) else {
             return report;
         };
         if let Some(k) = self.keys.get_mut(&(g, fp)) {
@@ -653,7 +742,8 @@ impl Coordinator {
         if result == CallResult::Error {
             return report;
         }
-        self.fill(store, now_ms, (g, fp, hits), result, &status, &mut report);
+        let call = (g, fp, hits, started_ms);
+        self.fill(store, now_ms, call, result, &status, &mut report);
         report
     }
 
@@ -663,7 +753,7 @@ impl Coordinator {
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        (g, fp, hits): (u8, u64, u32),
+        (g, fp, hits, started_ms): (u8, u64, u32, u64),
         result: CallResult,
         status: &proto::Status,
         report: &mut Report,
@@ -672,22 +762,31 @@ impl Coordinator {
         let Some(rule) = self.rules.get(gi) else {
             return;
         };
-        let until = window_end(now_ms, status, rule.window_ms);
-        let (slot, tag) = pool_slot(rule, fp);
+        // The service counted the hits at some moment of the call: the
+        // window's end is worked out from the call's start, the earliest
+        // it may be (the time to the reset then runs from there, and the
+        // unit's window is the one the call started in).
+        let until = window_end(started_ms, status, rule.window_ms);
+        let (slots, tag) = pool_slots(rule, fp);
         // A refused batch of several hits is followed by one of a single
         // hit (a server that does not count refused hits may still have
         // a few); a refused single hit blocks the key until the reset.
         let block = result == CallResult::OverLimit && hits == 1;
+        let fresh = fresh(&self.owners, g, now_ms);
+        let site = (slots.as_slice(), tag);
         let dropped = match result {
             CallResult::Ok => {
                 report.granted.push((gi, u64::from(hits)));
-                update_pool(store, &slot, tag, now_ms, |old| {
+                // Granted tokens with nowhere to go are dropped, all of them.
+                update_pool(store, site, now_ms, &fresh, |old| {
                     Pool::grant(old, hits, until, now_ms)
                 })
+                .unwrap_or(u64::from(hits))
             }
-            _ if block => update_pool(store, &slot, tag, now_ms, |old| {
+            _ if block => update_pool(store, site, now_ms, &fresh, |old| {
                 Pool::block(old, until, now_ms)
-            }),
+            })
+            .unwrap_or(0),
             _ => 0,
         };
         if dropped > 0 {
@@ -710,6 +809,23 @@ impl Coordinator {
     }
 }
 
+/// How many tokens to ask for: a lead's worth of demand, at most
+/// max_batch and half this Envoy's share of the limit (what a refused batch
+/// may waste) and, near the limit, half its share of what the service last
+/// said was left (so batches shrink as the count nears the limit); never
+/// below the dearest request (`cost.max`).
+fn batch(rule: &GlobalRule, k: &Key) -> u64 {
+    let lead_s = rule.spec.lead_ms as f64 / 1_000.0;
+    let cap = u64::from(rule.spec.max_batch)
+        .min(((rule.quota as f64 * rule.spec.share / 2.0) as u64).max(1))
+        .max(rule.cost_max);
+    let mut batch = ((k.rate * lead_s).ceil() as u64).clamp(1, cap);
+    if let Some(left) = k.remaining {
+        batch = batch.min(((left as f64 * rule.spec.share / 2.0) as u64).max(1));
+    }
+    batch.max(rule.cost_max)
+}
+
 impl Key {
     /// Whether tokens should be fetched for the key: someone asked since
     /// the last tick, or its rate expects a request within its lead.
@@ -718,15 +834,76 @@ impl Key {
     }
 }
 
-/// The slot key and tag of a key's pool (the first slot `keys::place`
-/// gives it: a pool lives in one slot).
-fn pool_slot(rule: &GlobalRule, fingerprint: u64) -> (String, u32) {
-    let slot = if rule.table_len <= 1 {
-        0
-    } else {
-        (fingerprint % u64::from(rule.table_len)) as u32
-    };
-    (slot_key(&rule.pool_prefix, slot), (fingerprint as u32) | 1)
+/// The slot keys and tag of a key's pool: its two slots (one for a key
+/// without variable parts), as `keys::place` gives them; the pool is in
+/// whichever it holds.
+fn pool_slots(rule: &GlobalRule, fingerprint: u64) -> (Vec<String>, u32) {
+    let p = crate::keys::placement(fingerprint, rule.variable, rule.table_len);
+    let keys = p
+        .slots()
+        .iter()
+        .map(|&s| slot_key(&rule.pool_prefix, s))
+        .collect();
+    (keys, p.pool_tag())
+}
+
+/// One of a key's slots as the leader reads it.
+struct Site {
+    cas: Option<u32>,
+    slot: Option<crate::ratelimit::codec::Slot>,
+}
+
+impl Site {
+    fn ours(&self, tag: u32) -> Option<Pool> {
+        self.slot
+            .filter(|s| s.fingerprint == tag)
+            .map(|s| Pool::decode(s.tat))
+    }
+
+    /// Free for a new pool: empty, unreadable, another key's pool with
+    /// nothing live (no tokens, no block), or the pool of a key without
+    /// recent demand (`fresh` says which owners had some); returns the
+    /// tokens it held, dropped by taking it.
+    fn free(&self, now_ms: u64, fresh: &dyn Fn(u32) -> bool) -> Option<u32> {
+        let Some(s) = self.slot else { return Some(0) };
+        let p = Pool::decode(s.tat);
+        let blocked = p.blocked && now_ms < p.until_ms;
+        let dead = p.live(now_ms) == 0 && !blocked;
+        (s.fingerprint == 0 || dead || !fresh(s.fingerprint)).then_some(p.tokens)
+    }
+}
+
+/// Which owners of rule `g`'s pools (by tag) had demand in the last
+/// `FRESH_MS`: a slot held by any other key may be taken for a key that
+/// has no slot (its tokens are then counted as dropped).
+fn fresh(owners: &FastMap<(u8, u32), u64>, g: u8, now_ms: u64) -> impl Fn(u32) -> bool + '_ {
+    move |tag| {
+        owners
+            .get(&(g, tag))
+            .is_some_and(|&t| now_ms.saturating_sub(t) < FRESH_MS)
+    }
+}
+
+/// Reads a key's slots.
+fn read_sites(store: &dyn Store, keys: &[String]) -> Option<Vec<Site>> {
+    let mut sites = Vec::with_capacity(keys.len());
+    for k in keys {
+        let e = store.get(k).ok()?;
+        sites.push(Site {
+            cas: e.as_ref().and_then(|e| e.cas),
+            slot: e.and_then(|e| crate::ratelimit::codec::Slot::decode(&e.bytes).ok()),
+        });
+    }
+    Some(sites)
+}
+
+/// The tokens of the key's pool still good, or `None` if it has no pool
+/// and no free slot for one (both slots hold other keys' live pools).
+fn live_tokens(sites: &[Site], tag: u32, now_ms: u64, fresh: &dyn Fn(u32) -> bool) -> Option<u32> {
+    if let Some(p) = sites.iter().find_map(|s| s.ours(tag)) {
+        return Some(p.live(now_ms));
+    }
+    sites.iter().find_map(|s| s.free(now_ms, fresh)).map(|_| 0)
 }
 
 /// When tokens granted now stop being good: the end of the service's
@@ -757,42 +934,48 @@ fn expired(state: u128, now_ms: u64) -> u32 {
     }
 }
 
-/// Rewrites a pool with CAS: `f` gets the key's pool (`None` if the slot
-/// holds another key's or nothing) and returns the new one and the live
-/// tokens it dropped. Returns the tokens dropped, with the tokens of ours
-/// that expired unspent and the other key's when its slot is taken.
+/// Rewrites a key's pool with CAS, in the slot it holds, or else in a free
+/// one: `f` gets the key's pool (`None` for a new one) and returns the new
+/// pool and the live tokens it dropped. Returns the tokens dropped (with
+/// those of ours that expired unspent, and a dead pool's in a slot taken
+/// over), or `None` if no slot could hold it (both hold other keys' live
+/// pools) or the store failed.
 fn update_pool(
     store: &dyn Store,
-    key: &str,
-    tag: u32,
+    (keys, tag): (&[String], u32),
     now_ms: u64,
+    fresh: &dyn Fn(u32) -> bool,
     f: impl Fn(Option<Pool>) -> (Pool, u32),
-) -> u64 {
+) -> Option<u64> {
     use crate::ratelimit::codec::Slot;
     for _ in 0..16 {
-        let (old, cas) = match store.get(key) {
-            Ok(Some(e)) => (Slot::decode(&e.bytes).ok(), e.cas),
-            Ok(None) => (None, None),
-            Err(_) => return 0,
+        let sites = read_sites(store, keys)?;
+        let mine = sites.iter().position(|s| s.ours(tag).is_some());
+        let (at, old, dead) = match mine {
+            Some(i) => {
+                let s = sites.get(i)?;
+                (i, s.ours(tag), s.slot.map_or(0, |s| expired(s.tat, now_ms)))
+            }
+            None => {
+                let (i, dead) = sites
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, s)| s.free(now_ms, fresh).map(|d| (i, d)))?;
+                (i, None, dead)
+            }
         };
-        let (mine, theirs) = match old {
-            // Tokens of ours whose window ended unspent are dropped too.
-            Some(s) if s.fingerprint == tag => (Some(Pool::decode(s.tat)), expired(s.tat, now_ms)),
-            Some(s) => (None, Pool::decode(s.tat).tokens),
-            None => (None, 0),
-        };
-        let (pool, dropped) = f(mine);
+        let (pool, dropped) = f(old);
         let new = Slot {
             fingerprint: tag,
             tat: pool.encode(),
         };
-        match store.set(key, &new.encode(), cas) {
-            Ok(()) => return u64::from(dropped) + u64::from(theirs),
+        match store.set(keys.get(at)?, &new.encode(), sites.get(at)?.cas) {
+            Ok(()) => return Some(u64::from(dropped) + u64::from(dead)),
             Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Unavailable) => return 0,
+            Err(StoreError::Unavailable) => return None,
         }
     }
-    0
+    None
 }
 
 impl Service {

@@ -73,17 +73,17 @@ impl Pool {
     }
 
     /// The service refused the key until `until_ms`: tokens of the same
-    /// window stay spendable (they were paid for); the pool then refuses
-    /// until the reset.
+    /// window stay spendable (they were paid for) until their own end, the
+    /// earlier of the two; the pool then refuses until that time.
     pub fn block(old: Option<Pool>, until_ms: u64, now_ms: u64) -> (Pool, u32) {
         let live = old.map_or(0, |o| o.live(now_ms));
-        let keep = old.is_some_and(|o| same_window(o.until_ms, until_ms));
+        let kept = old.filter(|o| live > 0 && same_window(o.until_ms, until_ms));
         let pool = Pool {
-            tokens: if keep { live } else { 0 },
-            until_ms,
+            tokens: kept.map_or(0, |_| live),
+            until_ms: kept.map_or(until_ms, |o| o.until_ms.min(until_ms)),
             blocked: true,
         };
-        (pool, if keep { 0 } else { live })
+        (pool, if kept.is_some() { 0 } else { live })
     }
 }
 
