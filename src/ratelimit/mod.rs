@@ -457,13 +457,20 @@ impl Limiter {
             slack_ns,
         } = ask;
         let spec = &self.rules.get(rule)?.spec;
-        let mut reads = Vec::with_capacity(placement.count);
-        for &slot in placement.slots() {
-            reads.push(self.read_slot(store, rule, slot, now_ns, fresh)?);
-        }
         let algorithm = &spec.algorithm;
         let pool = matches!(algorithm, Algorithm::Pool(_));
         let tag = Self::tag(algorithm, &placement);
+        let mut reads = Vec::with_capacity(placement.count);
+        for &slot in placement.slots() {
+            let read = self.read_slot(store, rule, slot, now_ns, fresh)?;
+            // A pool found in the first slot (where the leader puts it when
+            // it can) needs no second read.
+            let found = pool && read.slot.fingerprint == tag;
+            reads.push(read);
+            if found {
+                break;
+            }
+        }
         let decision = if pool {
             // A pool is one key's, in whichever of its slots it holds.
             reads
