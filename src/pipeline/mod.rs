@@ -22,7 +22,7 @@ pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
-pub use stage::{Cx, Decision, Effect, Env, Stage, Step, StreamId};
+pub use stage::{Call, Cx, Decision, Effect, Env, Stage, Step, StreamId};
 
 use crate::config::{Config, ConfigError, ResponseSpec};
 use crate::reply::Rejection;
@@ -78,7 +78,7 @@ pub struct Outcome {
     /// A new tick period, if it changed.
     pub tick: Option<Duration>,
     /// Calls to start (asked for from a tick).
-    pub calls: Vec<crate::ratelimit::global::Call>,
+    pub calls: Vec<Call>,
 }
 
 /// One configuration's pipeline, in one VM.

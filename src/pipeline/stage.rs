@@ -41,6 +41,21 @@ pub enum Effect {
     },
 }
 
+/// A call out of the filter (gRPC, unary) that a stage asks the host to
+/// make from its tick; its end comes back through `Stage::call_done`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The stage's id for it.
+    pub id: u64,
+    /// The Envoy cluster (HTTP/2).
+    pub cluster: String,
+    pub service: &'static str,
+    pub method: &'static str,
+    /// The request message, encoded.
+    pub message: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
 /// A stage's decision on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -97,7 +112,7 @@ pub struct Cx<'a, 'e> {
     pub effects: &'a mut Vec<Effect>,
     /// Calls out of the filter the host must start (from a tick only: the
     /// host starts them from the root context, which hears their end).
-    pub calls: &'a mut Vec<crate::ratelimit::global::Call>,
+    pub calls: &'a mut Vec<Call>,
     /// Set by a stage whose need of the fast tick may have changed.
     pub tick_changed: bool,
 }

@@ -62,16 +62,7 @@ pub const STARVED_WAIT_NS: u64 = 1_000_000_000;
 /// A key without demand for this long is forgotten by the leader.
 const IDLE_MS: u64 = 30_000;
 
-/// A call to make through the host (gRPC, unary).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Call {
-    pub id: u64,
-    pub cluster: String,
-    pub service: &'static str,
-    pub method: &'static str,
-    pub message: Vec<u8>,
-    pub timeout_ms: u64,
-}
+pub use crate::pipeline::stage::Call;
 
 /// How a global rule is served now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
