@@ -3,119 +3,13 @@
 //! every 100 ms; each once showed a fault found in review.
 use super::codec::{self, Want};
 use super::pool::Pool;
-use super::{Call, Coordinator, Mode, Report};
-use crate::config::parse;
-use crate::ratelimit::stage;
-use crate::ratelimit::{Limiter, Verdict};
-use crate::request::fake::FakeRequest;
-use crate::rng::SplitMix;
+use super::tests::{hits_of, response_of as response, vm, Vm, T0};
+use super::{Call, Mode};
+use crate::ratelimit::Verdict;
 use crate::store::memory::MemoryStore;
 use std::collections::HashMap;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
-
-const MS: u64 = 1_000_000;
-const T0: u64 = 1_700_000_000_000;
-
-struct Vm {
-    limiter: Limiter,
-    coord: Coordinator,
-    rng: SplitMix,
-}
-
-fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
-    let cfg = parse(json.as_bytes()).expect("valid");
-    let limiter = Limiter::new(&cfg, (1, 2)).expect("limiter");
-    limiter.create_tables(store).expect("tables");
-    let coord = stage::test_coordinator(&cfg, &limiter, me).expect("global");
-    Vm {
-        limiter,
-        coord,
-        rng: SplitMix(me),
-    }
-}
-
-impl Vm {
-    fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> (Verdict, u64) {
-        let r = FakeRequest::new("GET", "/").with_header("x-key", key.as_bytes());
-        let eval = self.limiter.evaluate(store, now_ms * MS, &r);
-        let mut fp = 0;
-        for &(_, f) in &eval.global_keys {
-            fp = f;
-            let starved = eval
-                .reports
-                .iter()
-                .any(|x| x.wait_ns == super::STARVED_WAIT_NS);
-            let cost = eval.reports.first().map_or(1, |r| r.cost);
-            self.coord
-                .note(0, f, starved, cost, || vec![key.as_bytes().to_vec()]);
-        }
-        (eval.verdict, fp)
-    }
-    fn tick(&mut self, store: &MemoryStore, now_ms: u64) -> Report {
-        let r = self.coord.tick(store, now_ms, &mut self.rng);
-        for &(g, mode) in &r.modes {
-            self.limiter.use_backstop(g, mode == Mode::Backstop);
-        }
-        r
-    }
-    fn answer(
-        &mut self,
-        store: &MemoryStore,
-        now_ms: u64,
-        call: &Call,
-        body: Option<Vec<u8>>,
-    ) -> Report {
-        let r = self
-            .coord
-            .done(store, now_ms, &mut self.rng, call.id, body.as_deref());
-        for &(g, mode) in &r.modes {
-            self.limiter.use_backstop(g, mode == Mode::Backstop);
-        }
-        r
-    }
-}
-
-fn push_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// limit per hour, remaining, reset seconds
-fn response(code: u64, limit: u64, remaining: u64, reset_s: u64) -> Vec<u8> {
-    let mut lim = vec![0x08];
-    push_varint(&mut lim, limit);
-    lim.extend([0x10, 3]);
-    let mut status = vec![0x08, code as u8, 0x12, lim.len() as u8];
-    status.extend(lim);
-    status.push(0x18);
-    push_varint(&mut status, remaining);
-    let mut d = vec![0x08];
-    push_varint(&mut d, reset_s);
-    status.push(0x22);
-    status.push(d.len() as u8);
-    status.extend(d);
-    let mut out = vec![0x08, code as u8, 0x12, status.len() as u8];
-    out.extend(status);
-    out
-}
-
-fn hits_of(call: &Call) -> u64 {
-    let m = &call.message;
-    let i = m.len() - 1;
-    let mut j = i;
-    while j > 0 && m[j - 1] & 0x80 != 0 {
-        j -= 1;
-    }
-    let mut v = 0;
-    for (k, b) in m[j..].iter().enumerate() {
-        v |= u64::from(b & 0x7f) << (7 * k);
-    }
-    v
-}
 
 /// envoyproxy/ratelimit-like: counts refused hits too; fixed 1h window.
 struct Service {
@@ -167,7 +61,7 @@ fn run(json: &str, keys: &[(&str, u32)], secs: u64, limit: u64) -> (Vec<u64>, Se
     for _ in 0..secs * 10 {
         for (i, &(k, n)) in keys.iter().enumerate() {
             for _ in 0..n {
-                if worker.request(&store, now, k).0 == Verdict::Allow {
+                if worker.request_fp(&store, now, k).0 == Verdict::Allow {
                     admitted[i] += 1;
                 }
             }
@@ -219,7 +113,7 @@ fn demand_is_counted_in_tokens_not_requests() {
     for t in 0..600u64 {
         if t % 10 == 0 {
             sent += 1;
-            if leader.request(&store, now, "tenant-a").0 == Verdict::Allow {
+            if leader.request_fp(&store, now, "tenant-a").0 == Verdict::Allow {
                 admitted += 1;
             }
         }
@@ -238,8 +132,10 @@ fn demand_is_counted_in_tokens_not_requests() {
     );
 }
 
-#[test]
-fn the_probe_is_not_wasted_on_a_key_that_needs_no_tokens() {
+/// A leader and a worker: key "busy" holds a full pool (the service was
+/// fine), then key "quiet" asked and its call failed: the breaker (one
+/// failure, 1 s) is open.
+fn stocked_key_and_an_open_breaker() -> (MemoryStore, Vm, Vm, u64) {
     let json = cfg(
         "",
         r#","instances":2,"breaker":{"failures":1,"cooldown":"1s"}"#,
@@ -266,14 +162,23 @@ fn the_probe_is_not_wasted_on_a_key_that_needs_no_tokens() {
     let r = leader.tick(&store, now);
     assert_eq!(r.calls.len(), 1, "{r:?}");
     leader.answer(&store, now + 5, &r.calls[0], None);
-    // The service is back. Keep steady demand on both keys for 60 s.
+    (store, leader, worker, now)
+}
+
+/// After `stocked_key_and_an_open_breaker`, the service is back: 60 s of
+/// steady demand on "busy" (and on "quiet" too, if `quiet_asks`). The
+/// breaker must half-open once, probe, and close.
+fn recovers(quiet_asks: bool) {
+    let (store, mut leader, mut worker, mut now) = stocked_key_and_an_open_breaker();
     let mut calls = 0;
     let mut probes_opened = 0;
     for _ in 0..600 {
         for _ in 0..5 {
             worker.request(&store, now + 1, "busy");
         }
-        worker.request(&store, now + 1, "quiet");
+        if quiet_asks {
+            worker.request(&store, now + 1, "quiet");
+        }
         worker.tick(&store, now + 2);
         let r = leader.tick(&store, now + 3);
         probes_opened += r
@@ -295,58 +200,13 @@ fn the_probe_is_not_wasted_on_a_key_that_needs_no_tokens() {
 }
 
 #[test]
+fn the_probe_is_not_wasted_on_a_key_that_needs_no_tokens() {
+    recovers(true);
+}
+
+#[test]
 fn a_probe_is_sent_even_when_only_stocked_keys_ask() {
-    let json = cfg(
-        "",
-        r#","instances":2,"breaker":{"failures":1,"cooldown":"1s"}"#,
-        1000,
-        64,
-    );
-    let store = MemoryStore::default();
-    let mut leader = vm(&json, 1, &store);
-    let mut worker = vm(&json, 2, &store);
-    let mut now = T0 - T0 % 3_600_000 + 1_000;
-    leader.tick(&store, now);
-    // "busy" gets a full pool (service fine); then "quiet" asks and its
-    // call fails (service down): breaker opens.
-    for _ in 0..5 {
-        worker.request(&store, now + 1, "busy");
-    }
-    worker.tick(&store, now + 2);
-    now += 100;
-    let c = leader.tick(&store, now).calls.remove(0);
-    leader.answer(&store, now + 5, &c, Some(response(1, 1000, 900, 3_000)));
-    worker.request(&store, now + 10, "quiet");
-    worker.tick(&store, now + 11);
-    now += 100;
-    let r = leader.tick(&store, now);
-    assert_eq!(r.calls.len(), 1, "{r:?}");
-    leader.answer(&store, now + 5, &r.calls[0], None);
-    // The service is back. Keep steady demand on both keys for 60 s.
-    let mut calls = 0;
-    let mut probes_opened = 0;
-    for _ in 0..600 {
-        for _ in 0..5 {
-            worker.request(&store, now + 1, "busy");
-        }
-        worker.tick(&store, now + 2);
-        let r = leader.tick(&store, now + 3);
-        probes_opened += r
-            .transitions
-            .iter()
-            .filter(|t| t.1 == super::codec::HealthState::HalfOpen)
-            .count();
-        for c in &r.calls {
-            calls += 1;
-            leader.answer(&store, now + 5, c, Some(response(1, 1000, 800, 3_000)));
-        }
-        now += 100;
-    }
-    assert!(
-        calls > 0 && probes_opened == 1,
-        "half-open {probes_opened} times, {calls} calls"
-    );
-    assert_eq!(worker.coord.mode(0), Mode::Service, "back on the service");
+    recovers(false);
 }
 
 #[test]
@@ -359,7 +219,7 @@ fn two_keys_sharing_a_first_slot_each_keep_a_pool() {
     let mut pair = None;
     for i in 0..100 {
         let k = format!("tenant-{i:03}");
-        let (_, fp) = probe.request(&store, T0, &k);
+        let (_, fp) = probe.request_fp(&store, T0, &k);
         if let Some(other) = by_slot.get(&(fp % 16)) {
             pair = Some((other.clone(), k));
             break;
@@ -412,7 +272,7 @@ fn a_full_key_table_makes_room_for_new_keys() {
     let mut legit_calls = 0;
     let mut admitted = 0;
     for t in 0..100 {
-        if worker.request(&store, now, "legit").0 == Verdict::Allow {
+        if worker.request_fp(&store, now, "legit").0 == Verdict::Allow {
             admitted += 1;
         }
         worker.tick(&store, now + 1);

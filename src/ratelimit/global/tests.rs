@@ -15,8 +15,8 @@ use crate::store::memory::MemoryStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-const MS: u64 = 1_000_000;
-const T0: u64 = 1_700_000_000_000; // ms
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const T0: u64 = 1_700_000_000_000; // ms
 
 fn config(extra: &str) -> String {
     format!(
@@ -26,13 +26,13 @@ fn config(extra: &str) -> String {
     )
 }
 
-struct Vm {
-    limiter: Limiter,
-    coord: Coordinator,
+pub(super) struct Vm {
+    pub(super) limiter: Limiter,
+    pub(super) coord: Coordinator,
     rng: SplitMix,
 }
 
-fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
+pub(super) fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
     let cfg = parse(json.as_bytes()).expect("valid");
     let limiter = Limiter::new(&cfg, (1, 2)).expect("limiter");
     limiter.create_tables(store).expect("tables");
@@ -50,17 +50,33 @@ fn req(key: &str) -> FakeRequest {
 
 impl Vm {
     /// A request: decided by the limiter, its demand noted.
-    fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> Verdict {
-        let r = req(key);
-        let eval = self.limiter.evaluate(store, now_ms * MS, &r);
-        for &(_, fp) in &eval.global_keys {
-            self.coord
-                .note(0, fp, false, 1, || vec![key.as_bytes().to_vec()]);
-        }
-        eval.verdict
+    pub(super) fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> Verdict {
+        self.request_fp(store, now_ms, key).0
     }
 
-    fn tick(&mut self, store: &MemoryStore, now_ms: u64) -> Report {
+    /// A request as the stage makes it (starved or not, its cost), and
+    /// its key's hash.
+    pub(super) fn request_fp(
+        &mut self,
+        store: &MemoryStore,
+        now_ms: u64,
+        key: &str,
+    ) -> (Verdict, u64) {
+        let r = req(key);
+        let eval = self.limiter.evaluate(store, now_ms * MS, &r);
+        let mut fp = 0;
+        for &(_, f) in &eval.global_keys {
+            fp = f;
+            let report = eval.reports.first();
+            let starved = report.is_some_and(|r| r.wait_ns == super::STARVED_WAIT_NS);
+            let cost = report.map_or(1, |r| r.cost);
+            self.coord
+                .note(0, f, starved, cost, || vec![key.as_bytes().to_vec()]);
+        }
+        (eval.verdict, fp)
+    }
+
+    pub(super) fn tick(&mut self, store: &MemoryStore, now_ms: u64) -> Report {
         let r = self.coord.tick(store, now_ms, &mut self.rng);
         for &(g, mode) in &r.modes {
             self.limiter.use_backstop(g, mode == Mode::Backstop);
@@ -68,7 +84,7 @@ impl Vm {
         r
     }
 
-    fn answer(
+    pub(super) fn answer(
         &mut self,
         store: &MemoryStore,
         now_ms: u64,
@@ -85,11 +101,19 @@ impl Vm {
     }
 }
 
-/// An RLS response: overall code, and one status with the remaining count
-/// and the time to the reset.
+/// An RLS response: overall code, and one status with the limit (100 per
+/// hour), the remaining count and the time to the reset.
 fn response(code: u64, remaining: u64, reset_s: u64) -> Vec<u8> {
-    let mut status = vec![0x08, code as u8];
-    status.extend([0x12, 0x04, 0x08, 100, 0x10, 3]); // limit 100 per hour
+    response_of(code, 100, remaining, reset_s)
+}
+
+/// An RLS response with a limit of `limit` per hour.
+pub(super) fn response_of(code: u64, limit: u64, remaining: u64, reset_s: u64) -> Vec<u8> {
+    let mut lim = vec![0x08];
+    push_varint(&mut lim, limit);
+    lim.extend([0x10, 3]);
+    let mut status = vec![0x08, code as u8, 0x12, lim.len() as u8];
+    status.extend(lim);
     status.extend([0x18]);
     push_varint(&mut status, remaining);
     let mut d = vec![0x08];
@@ -111,7 +135,7 @@ fn push_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Reads the hits_addend of an encoded request.
-fn hits_of(call: &Call) -> u64 {
+pub(super) fn hits_of(call: &Call) -> u64 {
     let m = &call.message;
     let i = m.len() - 1;
     let mut j = i;
