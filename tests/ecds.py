@@ -83,7 +83,9 @@ class EcdsStack(Pair):
     (default: `plugin_config` with vm_id "sluice")."""
 
     def __init__(self, configuration, resource_name="sluice", concurrency=2, log_level="info",
-                 wasm_config=None, stats_config=None, upstream_port=None):
+                 wasm_config=None, stats_config=None, upstream_port=None, clusters=()):
+        """`clusters`: more clusters for the front Envoy (a rate-limit
+        service's, say)."""
         self.wasm_config = wasm_config or (lambda c, name: plugin_config(c))
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-ecds-")
         configs = configuration if isinstance(configuration, dict) and "__many__" in configuration else None
@@ -104,6 +106,7 @@ class EcdsStack(Pair):
                          Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1))
         filters = [ecds_filter(name, path) for name, path in self.paths.items()]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters)
+        boot["static_resources"]["clusters"].extend(clusters)
         # xDS subscriptions, file-based ones included, need a node id and cluster.
         boot["node"] = {"id": "sluice-test", "cluster": "sluice-test"}
         if stats_config is not None:

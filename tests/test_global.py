@@ -292,3 +292,48 @@ def test_a_key_over_its_limit_is_refused_until_the_services_reset():
             assert get(fe.port, "t").status == 429
             time.sleep(0.02)
         assert rls.stats()["calls"] == calls, "no call for a key blocked until the reset"
+
+
+def test_a_live_update_keeps_one_leader_and_the_tokens_flowing():
+    """ECDS replaces the configuration (the global rule unchanged, another
+    rule added): the old configuration gives its lease up, one VM of the
+    new one leads (the leader gauge sums to 1 again), keys already served
+    keep their pools, and a new key gets tokens."""
+    from ecds import EcdsStack
+    config = plugin(1_000_000, instances=1)
+    with RlsServer(limits(1_000_000)) as rls, \
+            EcdsStack(config, clusters=[rls_cluster("rls", rls.port)]) as s:
+        leader = metric("sluice_global_leader", domain="global-test")
+        conn = http1.Conn(s.port)
+        statuses = []
+        deadline = time.time() + 5
+        while time.time() < deadline and statuses[-50:] != [200] * 50:
+            statuses.append(conn.request("/", {"x-tenant": "steady"}).status)
+            time.sleep(0.002)
+        assert statuses[-50:] == [200] * 50, statuses[-60:]
+        assert s.front.stat(leader) == 1
+        updated = dict(config, rate_limits=config["rate_limits"] + [
+            {"name": "other", "match": {"path_prefix": "/other"}, "bucket": {"rate": 5, "period": "1s"}}])
+        s.push(updated)
+        assert s.wait_stat("update_success", 2)
+        # The held key keeps going through the update, at the same pace:
+        # its pool is the unchanged rule's, and the new leader refills it.
+        after = []
+        for _ in range(400):
+            after.append(conn.request("/", {"x-tenant": "steady"}))
+            time.sleep(0.002)
+        bad = [(i, r.status, r.body[:100]) for i, r in enumerate(after) if r.status != 200]
+        assert not bad, bad
+        conn.close()
+        # A new key gets its first tokens from the new configuration's leader.
+        got = []
+        deadline = time.time() + 3
+        while time.time() < deadline and 200 not in got:
+            got.append(http1.get(s.port, "/", {"x-tenant": "newcomer"}).status)
+            time.sleep(0.02)
+        assert 200 in got, got
+        deadline = time.time() + 3
+        while time.time() < deadline and s.front.stat(leader) != 1:
+            time.sleep(0.1)
+        assert s.front.stat(leader) == 1, "one leader after the update"
+        assert rls.stats()["errors"] == 0
