@@ -192,6 +192,26 @@ pub fn placement(fingerprint: u64, variable: bool, table_size: u32) -> Placement
     }
 }
 
+/// The shared-data key of a slot of a table: its prefix and the slot in
+/// decimal, built without `format!` (on every request).
+pub fn slot_key(prefix: &str, slot: u32) -> String {
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    let mut n = slot;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
+        start -= 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut key = String::with_capacity(prefix.len() + digits.len() - start);
+    key.push_str(prefix);
+    key.extend(digits.iter().skip(start).map(|&d| char::from(d)));
+    key
+}
+
 /// The values of a key's parts, as the request has them (a missing part
 /// is empty): the descriptor a global rule sends to its service.
 pub fn values(parts: &[KeyPart], req: &dyn RequestView) -> Vec<Vec<u8>> {

@@ -99,7 +99,7 @@ impl Bulkheads {
 
     fn slot_key(&self, b: usize, slot: u32) -> String {
         let prefix = self.rules.get(b).map_or("", |r| r.prefix.as_str());
-        format!("{prefix}{slot}")
+        crate::keys::slot_key(prefix, slot)
     }
 
     /// Slots in limit `b`'s table (one for a key without variable parts).

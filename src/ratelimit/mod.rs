@@ -260,25 +260,10 @@ impl Limiter {
         })
     }
 
-    /// The shared-data key of a rule's slot: the table prefix and the slot
-    /// in decimal, built without `format!` (on every request).
+    /// The shared-data key of a rule's slot.
     pub fn slot_key(&self, rule: usize, slot: u32) -> String {
         let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
-        let mut digits = [0u8; 10];
-        let mut start = digits.len();
-        let mut n = slot;
-        for d in digits.iter_mut().rev() {
-            *d = b'0' + (n % 10) as u8;
-            start -= 1;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut key = String::with_capacity(prefix.len() + digits.len() - start);
-        key.push_str(prefix);
-        key.extend(digits.iter().skip(start).map(|&d| char::from(d)));
-        key
+        crate::keys::slot_key(prefix, slot)
     }
 
     /// How many slots the rule's table really uses (1 for constant keys).
@@ -348,7 +333,7 @@ impl Limiter {
         .encode();
         let mut created = 0;
         for slot in 0..len {
-            let key = global::slot_key(prefix, slot);
+            let key = crate::keys::slot_key(prefix, slot);
             if store.get(&key)?.is_none() {
                 store.set(&key, &empty, None)?;
                 created += 1;
@@ -460,26 +445,17 @@ impl Limiter {
         let algorithm = &spec.algorithm;
         let pool = matches!(algorithm, Algorithm::Pool(_));
         let tag = Self::tag(algorithm, &placement);
-        let mut reads = Vec::with_capacity(placement.count);
-        for &slot in placement.slots() {
-            let read = self.read_slot(store, rule, slot, now_ns, fresh)?;
-            // A pool found in the first slot (where the leader puts it when
-            // it can) needs no second read.
-            let found = pool && read.slot.fingerprint == tag;
-            reads.push(read);
-            if found {
-                break;
-            }
-        }
+        let pool_tag = pool.then_some(tag);
+        let reads = self.read_slots(store, rule, &placement, pool_tag, now_ns, fresh)?;
         let decision = if pool {
-            // A pool is one key's, in whichever of its slots it holds.
+            // A pool is one key's, in whichever of its slots it holds (the
+            // reads stop there).
             reads
                 .iter()
-                .enumerate()
-                .filter(|(_, r)| r.slot.fingerprint == tag)
-                .max_by_key(|(_, r)| algorithm.level(r.slot.tat, now_ns))
-                .map_or(0, |(i, _)| i)
+                .position(|r| r.slot.fingerprint == tag)
+                .unwrap_or(0)
         } else {
+            // The emptiest of the key's slots (count-min).
             reads
                 .iter()
                 .enumerate()
@@ -509,6 +485,30 @@ impl Limiter {
             report,
             committed: None,
         })
+    }
+
+    /// Reads a key's slots, in order; with `pool_tag`, stops at the slot
+    /// holding the key's pool (a pool found in the first slot, where the
+    /// leader puts it when it can, needs no second read).
+    fn read_slots(
+        &self,
+        store: &dyn Store,
+        rule: usize,
+        placement: &Placement,
+        pool_tag: Option<u32>,
+        now_ns: u64,
+        fresh: bool,
+    ) -> Option<Vec<Read>> {
+        let mut reads = Vec::with_capacity(placement.count);
+        for &slot in placement.slots() {
+            let read = self.read_slot(store, rule, slot, now_ns, fresh)?;
+            let found = pool_tag == Some(read.slot.fingerprint);
+            reads.push(read);
+            if found {
+                break;
+            }
+        }
+        Some(reads)
     }
 
     /// Reads one slot; a corrupt slot is rebuilt under the failure policy:

@@ -194,11 +194,6 @@ pub struct Coordinator {
     modes: Vec<Mode>,
 }
 
-/// The shared-data key of a slot (as `Limiter::slot_key`).
-pub fn slot_key(prefix: &str, slot: u32) -> String {
-    format!("{prefix}{slot}")
-}
-
 impl Coordinator {
     /// `me`: a random id of this VM.
     pub fn new(
@@ -833,7 +828,7 @@ fn pool_slots(rule: &GlobalRule, fingerprint: u64) -> (Vec<String>, u32) {
     let keys = p
         .slots()
         .iter()
-        .map(|&s| slot_key(&rule.pool_prefix, s))
+        .map(|&s| crate::keys::slot_key(&rule.pool_prefix, s))
         .collect();
     (keys, p.pool_tag())
 }
