@@ -84,9 +84,11 @@ impl Auto {
         }
     }
 
-    /// The limit in whole requests.
+    /// The limit in whole requests, rounded to the nearest (rounding down
+    /// would keep a small limit half a request below what was learned: 2
+    /// instead of 2.5 leaves an upstream of 2 slots idle between requests).
     pub fn limit(&self) -> u64 {
-        self.limit_milli / 1000
+        self.limit_milli.saturating_add(500) / 1000
     }
 
     /// The floor estimate, if any sample was seen in the window.
@@ -249,9 +251,10 @@ mod tests {
         // Capacity 2: down within a few intervals.
         let auto = settle(auto, 2, &mut now, 6);
         assert!((2..=3).contains(&auto.limit()), "{}", auto.limit());
-        // Capacity 16: up again.
+        // Capacity 16: up again. Within the tolerance up to 21.3 here, and
+        // one √limit step over it at the top of its swing (25.9, rounded).
         let auto = settle(auto, 16, &mut now, 40);
-        assert!((16..=24).contains(&auto.limit()), "{}", auto.limit());
+        assert!((16..=26).contains(&auto.limit()), "{}", auto.limit());
         assert_eq!(auto.floor_us(), Some(20_000));
     }
 
