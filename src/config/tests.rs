@@ -189,6 +189,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "needs a concurrency limit (queue mode)",
         ),
         (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":4,"shed_early":"yes"}}]}"#.into(),
+            "shedders[0].concurrency.shed_early",
+            "invalid type: string \"yes\", expected a boolean",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window"}]}"#.into(),
             "rate_limits[0].window",
             "missing field `window`",

@@ -44,6 +44,9 @@ pub struct ConcurrencySpec {
     pub max: u32,
     pub queue: u32,
     pub max_wait_ms: u64,
+    /// `shed_early`: an arrival whose expected wait (its place in line over
+    /// the recent admission rate) is past its longest wait is shed at once.
+    pub shed_early: bool,
     /// `max: "auto"`: the limit is learned from latency.
     pub adaptive: Option<AdaptiveSpec>,
 }
@@ -136,6 +139,8 @@ struct RawConcurrency {
     max: RawMax,
     queue: Option<i64>,
     max_wait: Option<String>,
+    #[serde(default)]
+    shed_early: bool,
     #[serde(default)]
     adaptive: Option<Strict<RawAdaptive>>,
 }
@@ -323,6 +328,7 @@ fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigErr
         max: max.min(u32::MAX as u64) as u32,
         queue: queue as u32,
         max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
+        shed_early: c.shed_early,
         adaptive,
     })
 }

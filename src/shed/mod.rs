@@ -17,6 +17,7 @@ pub mod adaptive;
 pub mod codec;
 pub mod codel;
 pub mod config;
+mod early;
 mod entry;
 pub mod reply;
 mod shares;
@@ -32,9 +33,10 @@ use adaptive::{Auto, Samples};
 use codec::{decode_shared, encode_shared, Claim, Shared};
 use codel::Codel;
 pub use config::{Class, ShedderSpec};
+use early::Rate;
 pub use entry::lease_cap;
 use entry::{Applied, Change, Op};
-use shares::Clocks;
+use shares::{Clocks, SCALE};
 use std::collections::VecDeque;
 
 /// A queued request: the host's stream id, its class, when it arrived.
@@ -84,6 +86,17 @@ fn found_entry(found: Option<&crate::store::Entry>, failures: &mut u64) -> Share
     }
 }
 
+/// How long a waiter of `class` may wait: `max_wait`, or less for its
+/// class while CoDel says overloaded (strict priority only: with shares,
+/// a shorter wait would shed a class before its share comes round).
+fn wait_limit(codel: &Codel, class: Class, by_class: bool, max_wait: u64) -> u64 {
+    match codel.threshold(class) {
+        Some(t) if by_class => t.min(max_wait),
+        _ => max_wait,
+    }
+    .max(1)
+}
+
 /// A shedder and its shared in-flight counter key.
 #[derive(Debug, Clone)]
 pub struct Shedder {
@@ -114,6 +127,8 @@ struct Local {
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
+    /// Admissions here lately (for `shed_early`).
+    rate: Rate,
 }
 
 /// All shedders of one configuration, in one worker.
@@ -216,6 +231,7 @@ impl Shedders {
                     .and_then(|c| c.adaptive)
                     .map(|a| Auto::new(&a, now_ms)),
                 clocks: Clocks::default(),
+                rate: Rate::new(now_ms),
             })
             .collect();
         Ok(Shedders {
@@ -444,9 +460,11 @@ impl Shedders {
         let c = Self::next_class(l, shares)?;
         let newest = lifo && l.codel.overloaded;
         let q = l.queues.get_mut(c)?;
-        let w = if newest { q.pop_back() } else { q.pop_front() }?;
-        l.clocks.served(w.turn_ms);
-        Some(w)
+        if newest {
+            q.pop_back()
+        } else {
+            q.pop_front()
+        }
     }
 
     /// Applies `op` to the shared entry by CAS, and keeps this worker's
@@ -642,25 +660,22 @@ impl Shedders {
                 Arrival::Admit { slot: false }
             };
         };
-        let shares = rule.spec.shares;
+        let shares = rule.spec.shares.is_some();
         // Waiters of a higher or equal class go first (with shares, every
         // waiter: the arrival's class may not be the one served next).
-        let skip = if shares.is_some() { 0 } else { class as usize };
+        let skip = if shares { 0 } else { class as usize };
         let ahead = self.local.get(s).map_or(0, |l| {
             l.queues.iter().skip(skip).map(VecDeque::len).sum::<usize>()
         });
+        let turn_ms = self.turn_of(s, class, now_ms);
         if ahead == 0 {
-            if let Some(admitted) = self.admit_at_once(store, now_ms, s) {
+            if let Some(admitted) = self.admit_at_once(store, now_ms, s, (class, turn_ms)) {
                 return admitted;
             }
         }
-        let turn_ms = match (shares, self.local.get_mut(s)) {
-            (Some(sh), Some(l)) => {
-                let queued = l.queues.get(class as usize).map_or(0, VecDeque::len);
-                l.clocks.turn(sh, class as usize, now_ms, queued as u64)
-            }
-            _ => now_ms,
-        };
+        if conc.shed_early && self.sheds_early(s, class, turn_ms, &conc, now_ms) {
+            return Arrival::Shed;
+        }
         let waiter = Waiter {
             id,
             class,
@@ -671,21 +686,119 @@ impl Shedders {
         self.enqueue(store, s, waiter, &conc)
     }
 
+    /// The turn of an arrival of `class` (with shares; else `now_ms`).
+    fn turn_of(&self, s: usize, class: Class, now_ms: u64) -> u64 {
+        let (Some(sh), Some(l)) = (self.shares(s), self.local.get(s)) else {
+            return now_ms;
+        };
+        let newest = l
+            .queues
+            .get(class as usize)
+            .and_then(|q| q.back())
+            .map(|w| w.turn_ms);
+        l.clocks.next(sh, class as usize, now_ms, newest)
+    }
+
+    /// `shed_early`: whether an arrival of `class` with `turn` would wait
+    /// past its limit, by how many admissions must come first at the
+    /// recent rate. Those are the waiters here before it; with shares,
+    /// also the turns of every class in use (its own included) between
+    /// the turn being served and its own, which counts the waiters still
+    /// to come that will go first.
+    fn sheds_early(
+        &mut self,
+        s: usize,
+        class: Class,
+        turn: u64,
+        conc: &config::ConcurrencySpec,
+        now_ms: u64,
+    ) -> bool {
+        let Some(rule) = self.rules.get(s) else {
+            return false;
+        };
+        let (shares, window_ms) = (rule.spec.shares, rule.spec.interval_ms);
+        let Some(l) = self.local.get_mut(s) else {
+            return false;
+        };
+        let me = (turn, 2 - class as usize);
+        let before = match shares {
+            Some(_) => l
+                .queues
+                .iter()
+                .flatten()
+                .filter(|w| (w.turn_ms, 2 - w.class as usize) < me)
+                .count(),
+            None => l
+                .queues
+                .iter()
+                .skip(class as usize)
+                .map(VecDeque::len)
+                .sum(),
+        } as u64;
+        let turns = shares.map_or(0, |sh| {
+            let gap = turn.saturating_sub(l.clocks.base(now_ms));
+            // The turns that fall in the gap: `gap / step` per class in use,
+            // rounded up once (rounding each would miss them).
+            let in_use: u64 = (0..3)
+                .filter(|&c| {
+                    c == class as usize
+                        || l.rate.active(c, now_ms, window_ms)
+                        || l.queues.get(c).is_some_and(|q| !q.is_empty())
+                })
+                .map(|c| u64::from(sh.get(c).copied().unwrap_or(0)))
+                .sum();
+            gap.saturating_mul(in_use).div_ceil(SCALE)
+        });
+        let needs = before.max(turns).saturating_add(1);
+        let limit = wait_limit(&l.codel, class, shares.is_none(), conc.max_wait_ms);
+        let expected = l.rate.expected_wait_ms(now_ms, window_ms, needs);
+        if expected.is_some_and(|w| w >= limit) {
+            l.codel.shed(now_ms);
+            return true;
+        }
+        false
+    }
+
     /// Admits an arrival from this worker's lease or a free shared slot;
     /// `None` when there is none (the arrival then queues).
-    fn admit_at_once(&mut self, store: &dyn Store, now_ms: u64, s: usize) -> Option<Arrival> {
+    fn admit_at_once(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        (class, turn): (Class, u64),
+    ) -> Option<Arrival> {
         if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
             l.lease -= 1;
             self.observe(s, now_ms, 0);
+            self.admitted(s, now_ms, class, turn);
             return Some(Arrival::Admit { slot: true });
         }
-        match self.try_op(store, s, Op::Direct) {
+        let admitted = match self.try_op(store, s, Op::Direct) {
             Some(true) => {
                 self.observe(s, now_ms, 0);
-                Some(Arrival::Admit { slot: true })
+                Arrival::Admit { slot: true }
             }
-            None => Some(Arrival::Admit { slot: false }),
-            Some(false) => None,
+            None => Arrival::Admit { slot: false },
+            Some(false) => return None,
+        };
+        self.admitted(s, now_ms, class, turn);
+        Some(admitted)
+    }
+
+    /// Counts an admission at shedder `s` in this worker's recent rate.
+    /// With shares, an admission takes its class's turn, whether it waited
+    /// for it or found a free place: a class that takes free places ahead
+    /// of its turn has its later arrivals wait (or, with `shed_early`, be
+    /// shed) accordingly.
+    fn admitted(&mut self, s: usize, now_ms: u64, class: Class, turn: u64) {
+        let window_ms = self.rules.get(s).map_or(1, |r| r.spec.interval_ms);
+        let shares = self.shares(s).is_some();
+        if let Some(l) = self.local.get_mut(s) {
+            l.rate.admitted(now_ms, window_ms, class as usize);
+            if shares {
+                l.clocks.served(class as usize, turn);
+            }
         }
     }
 
@@ -757,11 +870,8 @@ impl Shedders {
                         out.push(Wake::Expired { waiter: *w });
                         return false;
                     }
-                    let limit = match l.codel.threshold(w.class) {
-                        Some(t) if by_class => t.min(max_wait),
-                        _ => max_wait,
-                    };
-                    let keep = now_ms.saturating_sub(w.since_ms) < limit.max(1);
+                    let limit = wait_limit(&l.codel, w.class, by_class, max_wait);
+                    let keep = now_ms.saturating_sub(w.since_ms) < limit;
                     if !keep {
                         out.push(Wake::Shed { waiter: *w });
                     }
@@ -804,6 +914,7 @@ impl Shedders {
                     if got == Some(true) {
                         self.observe(s, now_ms, waited_ms);
                     }
+                    self.admitted(s, now_ms, w.class, w.turn_ms);
                     out.push(Wake::Resume {
                         id: w.id,
                         waited_ms,

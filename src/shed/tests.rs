@@ -1185,3 +1185,212 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
     sh.local[0].codel.overloaded = true;
     assert_eq!(next(&mut sh, 6), Some(4));
 }
+
+/// What a closed loop of retrying clients got (see `retrying_loop`).
+struct LoopStats {
+    admitted: [u32; 3],
+    /// How long each admitted request waited (ms).
+    waits: Vec<u64>,
+    shed_on_arrival: u32,
+    shed_waiting: u32,
+    waiting_by_class: [u32; 3],
+}
+
+/// 48 closed-loop clients of every class on two workers, against a limit
+/// of 4 and a 20 ms upstream; a client refused (at once or after waiting)
+/// sends again 1 ms later, as a client told 503 would. Never more in
+/// flight than the limit.
+fn retrying_loop(concurrency: &str, priority: &str) -> LoopStats {
+    retrying_loop_on(concurrency, priority, 2)
+}
+
+/// An upstream's time for a request: 15 to 25 ms, as a function of who
+/// sent it and when (so that completions do not all come together).
+fn service(client: u32, now: u64) -> u64 {
+    let h = (u64::from(client) ^ now).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    15 + (h >> 59) % 11
+}
+
+fn retrying_loop_on(concurrency: &str, priority: &str, n_workers: u32) -> LoopStats {
+    let json = format!(
+        r#"{{"shedders":[{{"name":"a","concurrency":{{"max":4,{concurrency}}},
+        "priority":{{{priority}}}}}]}}"#
+    );
+    let config = parse(json.as_bytes()).expect("valid");
+    let store = MemoryStore::default();
+    let mut workers: Vec<Shedders> = (1..=n_workers)
+        .map(|w| Shedders::new(&config, T0, w).expect("builds"))
+        .collect();
+    workers[0].create(&store).expect("created");
+    let classes = [Class::Critical, Class::Default, Class::Sheddable];
+    let class_of = |c: u32| classes[(c / 2 % 3) as usize];
+    let mut stats = LoopStats {
+        admitted: [0; 3],
+        waits: Vec::new(),
+        shed_on_arrival: 0,
+        shed_waiting: 0,
+        waiting_by_class: [0; 3],
+    };
+    let mut inflight: Vec<(usize, u32, u64)> = Vec::new();
+    // Clients about to send: (client, when).
+    let mut sending: Vec<(u32, u64)> = (0..48).map(|c| (c, T0)).collect();
+    for now in T0..T0 + 6000 {
+        let (done, rest): (Vec<_>, Vec<_>) = inflight.into_iter().partition(|x| x.2 <= now);
+        inflight = rest;
+        for (w, c, _) in done {
+            workers[w].release(&store, 0);
+            stats.admitted[class_of(c) as usize] += 1;
+            sending.push((c, now));
+        }
+        let (due, later): (Vec<_>, Vec<_>) = sending.into_iter().partition(|x| x.1 <= now);
+        sending = later;
+        for (c, _) in due {
+            let w = (c % n_workers) as usize;
+            match workers[w].arrive(&store, now, 0, c, class_of(c)) {
+                Arrival::Admit { slot } => {
+                    assert!(slot, "admitted without a slot");
+                    stats.waits.push(0);
+                    inflight.push((w, c, now + service(c, now)));
+                }
+                Arrival::Queue { evicted } => {
+                    if let Some(v) = evicted {
+                        stats.shed_waiting += 1;
+                        sending.push((v.id, now + 1));
+                    }
+                }
+                Arrival::Shed => {
+                    stats.shed_on_arrival += 1;
+                    sending.push((c, now + 1));
+                }
+            }
+        }
+        for (w, worker) in workers.iter_mut().enumerate() {
+            for wake in worker.wake(&store, now, 0) {
+                match wake {
+                    Wake::Resume {
+                        id,
+                        slot,
+                        waited_ms,
+                    } => {
+                        assert!(slot, "admitted without a slot");
+                        stats.waits.push(waited_ms);
+                        inflight.push((w, id, now + service(id, now)));
+                    }
+                    Wake::Shed { waiter } | Wake::Expired { waiter } => {
+                        stats.shed_waiting += 1;
+                        stats.waiting_by_class[waiter.class as usize] += 1;
+                        sending.push((waiter.id, now + 1));
+                    }
+                }
+            }
+        }
+        assert!(inflight.len() <= 4, "{} in flight", inflight.len());
+        assert_eq!(workers.iter().map(|w| w.store_failures).sum::<u64>(), 0);
+    }
+    stats
+}
+
+fn p99(waits: &mut [u64]) -> u64 {
+    waits.sort_unstable();
+    waits[waits.len() * 99 / 100]
+}
+
+#[test]
+fn shed_early_keeps_the_shares_and_cuts_the_waits() {
+    const SHARES: &str = r#""shares":{"critical":50,"default":35,"sheddable":15}"#;
+    let early = r#""queue":200,"max_wait":"30ms","shed_early":true"#;
+    let mut got = retrying_loop(early, SHARES);
+    let total: u32 = got.admitted.iter().sum();
+    // The upstream is kept busy: 4 slots of 20 ms for 6 s is 1,200.
+    assert!(total >= 1_150, "{total}");
+    let pct = |c: Class| 100 * got.admitted[c as usize] / total;
+    // Measured: 49.6 / 34.6 / 15.8%.
+    assert!(
+        (47..=53).contains(&pct(Class::Critical)),
+        "{:?}",
+        got.admitted
+    );
+    assert!(
+        (32..=38).contains(&pct(Class::Default)),
+        "{:?}",
+        got.admitted
+    );
+    assert!(
+        (13..=17).contains(&pct(Class::Sheddable)),
+        "{:?}",
+        got.admitted
+    );
+    // Most refusals come at once, not after waiting max_wait out.
+    assert!(
+        got.shed_waiting * 10 < got.shed_on_arrival,
+        "{} shed waiting, {} on arrival",
+        got.shed_waiting,
+        got.shed_on_arrival
+    );
+    assert!(p99(&mut got.waits) < 30);
+    // The same without shed_early: waiters wait max_wait out, and the
+    // shares do not hold (sheddable's waiters are shed before their turn).
+    let late = r#""queue":200,"max_wait":"30ms""#;
+    let got_late = retrying_loop(late, SHARES);
+    assert!(got_late.shed_waiting > got_late.shed_on_arrival);
+    let late_total: u32 = got_late.admitted.iter().sum();
+    assert!(
+        got_late.admitted[Class::Sheddable as usize] * 20 < late_total,
+        "{:?}",
+        got_late.admitted
+    );
+}
+
+#[test]
+fn shed_early_never_leaves_a_free_place_idle() {
+    const SHARES: &str = r#""shares":{"critical":50,"default":35,"sheddable":15}"#;
+    // A max_wait shorter than the time between two admissions on a worker
+    // (10 ms here) leaves no room to queue: everything is admitted
+    // directly or refused, and the shares cannot hold, but every free
+    // place is still taken at once.
+    for max_wait in ["5ms", "10ms"] {
+        let early = format!(r#""queue":200,"max_wait":"{max_wait}","shed_early":true"#);
+        let got = retrying_loop(&early, SHARES);
+        let total: u32 = got.admitted.iter().sum();
+        assert!(total >= 1_150, "{max_wait}: {total}");
+    }
+}
+
+#[test]
+fn shed_early_sheds_nothing_below_the_limit() {
+    // 3 clients against a limit of 4: nobody waits, nobody is refused.
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":4,"max_wait":"10ms","shed_early":true},
+        "priority":{"shares":{"critical":50,"default":35,"sheddable":15}}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    sh.create(&store).expect("created");
+    let classes = [Class::Critical, Class::Default, Class::Sheddable];
+    for t in 0..2_000u64 {
+        for (i, &class) in classes.iter().enumerate() {
+            let id = (t * 3) as u32 + i as u32;
+            assert_eq!(
+                sh.arrive(&store, T0 + t, 0, id, class),
+                Arrival::Admit { slot: true },
+                "at {t}"
+            );
+            sh.release(&store, 0);
+        }
+    }
+}
+
+#[test]
+fn shed_early_with_strict_priority_sheds_the_lower_classes_at_once() {
+    let early = r#""queue":200,"max_wait":"30ms","shed_early":true"#;
+    let got = retrying_loop(early, "");
+    let total: u32 = got.admitted.iter().sum();
+    assert!(total >= 1_150, "{total}");
+    assert!(
+        got.admitted[Class::Critical as usize] * 10 > total * 9,
+        "{:?}",
+        got.admitted
+    );
+    assert!(got.shed_waiting * 10 < got.shed_on_arrival);
+}
