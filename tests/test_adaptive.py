@@ -18,11 +18,13 @@ def AdaptiveStack(plugin_config, capacity, concurrency=2):
 
 class Load:
     """Closed-loop clients, each sending requests back to back until
-    stopped, client `i` with the headers `headers_for(i)`. Each result is
+    stopped (or `pause_after_refusal` seconds after an answer other than
+    200), client `i` with the headers `headers_for(i)`. Each result is
     (sent_at, latency_s, status, i)."""
 
-    def __init__(self, port, clients, headers_for=lambda i: {}):
+    def __init__(self, port, clients, headers_for=lambda i: {}, pause_after_refusal=0.0):
         self.port, self.headers_for = port, headers_for
+        self.pause = pause_after_refusal
         self.stop = threading.Event()
         self.results = []
         self.lock = threading.Lock()
@@ -43,6 +45,8 @@ class Load:
             if r.header("connection") == "close":
                 c.close()
                 c = http1.Conn(self.port)
+            if self.pause and r.status != 200:
+                time.sleep(self.pause)
         c.close()
 
     def __enter__(self):

@@ -241,6 +241,15 @@ mod tests {
     }
 
     #[test]
+    fn the_whole_limit_is_the_learned_one_rounded_to_the_nearest() {
+        let mut a = Auto::new(&spec(), 0);
+        for (milli, whole) in [(2_499, 2), (2_500, 3), (3_000, 3), (999, 1)] {
+            a.limit_milli = milli;
+            assert_eq!(a.limit(), whole, "{milli}");
+        }
+    }
+
+    #[test]
     fn the_limit_follows_the_upstream_capacity_up_and_down() {
         let mut now = 1_000_000;
         let auto = Auto::new(&spec(), now);

@@ -4,8 +4,7 @@
 //! once instead of waiting the limit out first.
 
 /// Admissions (direct and from the queue) on this worker, counted over two
-/// windows: the one running and the one before it; and when each class
-/// last had one.
+/// windows: the one running and the one before it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rate {
     /// When the running window started (ms).
@@ -15,8 +14,6 @@ pub struct Rate {
     /// Admissions in the window before, and its length (0: none yet).
     prev_count: u64,
     prev_len_ms: u64,
-    /// When each class (by `Class as usize`) last had an admission here.
-    class_ms: [Option<u64>; 3],
 }
 
 impl Rate {
@@ -40,29 +37,18 @@ impl Rate {
         self.start_ms = now_ms;
     }
 
-    /// A request of `class` was admitted at `now_ms`.
-    pub fn admitted(&mut self, now_ms: u64, window_ms: u64, class: usize) {
+    /// A request was admitted at `now_ms`.
+    pub fn admitted(&mut self, now_ms: u64, window_ms: u64) {
         self.roll(now_ms, window_ms);
         self.count = self.count.saturating_add(1);
-        if let Some(c) = self.class_ms.get_mut(class) {
-            *c = Some(now_ms);
-        }
-    }
-
-    /// Whether `class` had an admission here in the last two windows.
-    pub fn active(&self, class: usize, now_ms: u64, window_ms: u64) -> bool {
-        recent(
-            self.class_ms.get(class).copied().flatten(),
-            now_ms,
-            window_ms,
-        )
     }
 
     /// The wait (ms) of an arrival that `needs` admissions here, its own
     /// included, before it is admitted: that many at the rate of the last
     /// one to two windows. `None` while there is no full window to go by
-    /// yet (the arrival then waits, as without `shed_early`); a window with
-    /// no admission at all means an endless wait.
+    /// yet, or no admission in it (the arrival then waits, as without
+    /// `shed_early`: nothing admitted lately says nothing of how long a
+    /// wait would be, as with an upstream slower than two windows).
     pub fn expected_wait_ms(&mut self, now_ms: u64, window_ms: u64, needs: u64) -> Option<u64> {
         self.roll(now_ms, window_ms);
         if self.prev_len_ms == 0 {
@@ -73,14 +59,10 @@ impl Rate {
             .saturating_add(now_ms.saturating_sub(self.start_ms));
         let n = self.prev_count.saturating_add(self.count);
         if n == 0 {
-            return Some(u64::MAX);
+            return None;
         }
         Some(needs.saturating_mul(span) / n)
     }
-}
-
-fn recent(at: Option<u64>, now_ms: u64, window_ms: u64) -> bool {
-    at.is_some_and(|t| now_ms.saturating_sub(t) < 2 * window_ms)
 }
 
 #[cfg(test)]
@@ -92,7 +74,7 @@ mod tests {
     #[test]
     fn no_estimate_before_a_full_window() {
         let mut r = Rate::new(1_000);
-        r.admitted(1_010, 100, 0);
+        r.admitted(1_010, 100);
         assert_eq!(r.expected_wait_ms(1_050, 100, 6), None);
     }
 
@@ -101,28 +83,29 @@ mod tests {
         let mut r = Rate::new(0);
         // 10 admissions per 100 ms: one every 10 ms.
         for i in 0..10 {
-            r.admitted(i * 10, 100, 0);
+            r.admitted(i * 10, 100);
         }
         // At 100 the window rolls: 10 in the last 100 ms.
         assert_eq!(r.expected_wait_ms(100, 100, 1), Some(10));
         assert_eq!(r.expected_wait_ms(100, 100, 5), Some(50));
         // Halfway through the next window, 5 more: 15 in 150 ms.
         for i in 0..5 {
-            r.admitted(100 + i * 10, 100, 0);
+            r.admitted(100 + i * 10, 100);
         }
         assert_eq!(r.expected_wait_ms(150, 100, 3), Some(30));
     }
 
     #[test]
-    fn no_admission_in_a_window_is_an_endless_wait() {
+    fn no_admission_lately_is_no_estimate() {
         let mut r = Rate::new(0);
-        r.admitted(5, 100, 0);
+        r.admitted(5, 100);
         // Two windows later with nothing admitted since: nothing to go by
-        // but an empty window.
-        assert_eq!(r.expected_wait_ms(250, 100, 1), Some(u64::MAX));
+        // (an upstream slower than two windows, or a worker that got no
+        // traffic), not an endless wait.
+        assert_eq!(r.expected_wait_ms(250, 100, 1), None);
         // The rate comes back with admissions.
         for t in 250..260 {
-            r.admitted(t, 100, 0);
+            r.admitted(t, 100);
         }
         assert!(r.expected_wait_ms(360, 100, 1).is_some_and(|w| w <= 20));
     }
@@ -132,20 +115,11 @@ mod tests {
         let mut fast = Rate::new(0);
         let mut slow = Rate::new(0);
         for i in 0..40 {
-            fast.admitted(i * 5, 100, 0);
-            slow.admitted(i * 20, 100, 0);
+            fast.admitted(i * 5, 100);
+            slow.admitted(i * 20, 100);
         }
         let f = fast.expected_wait_ms(200, 100, 4);
         let s = slow.expected_wait_ms(800, 100, 4);
         assert!(f < s, "{f:?} vs {s:?}");
-    }
-
-    #[test]
-    fn classes_are_active_for_two_windows() {
-        let mut r = Rate::new(0);
-        r.admitted(10, 100, 2);
-        r.admitted(20, 100, 0);
-        assert!(r.active(2, 209, 100) && r.active(0, 219, 100));
-        assert!(!r.active(1, 20, 100) && !r.active(2, 210, 100));
     }
 }

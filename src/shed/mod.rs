@@ -673,7 +673,12 @@ impl Shedders {
                 return admitted;
             }
         }
-        if conc.shed_early && self.sheds_early(s, class, turn_ms, &conc, now_ms) {
+        let places = if conc.shed_early {
+            self.places(s, class, turn_ms, now_ms)
+        } else {
+            1
+        };
+        if conc.shed_early && self.sheds_early(s, class, places, &conc, now_ms) {
             return Arrival::Shed;
         }
         let waiter = Waiter {
@@ -699,59 +704,74 @@ impl Shedders {
         l.clocks.next(sh, class as usize, now_ms, newest)
     }
 
-    /// `shed_early`: whether an arrival of `class` with `turn` would wait
-    /// past its limit, by how many admissions must come first at the
-    /// recent rate. Those are the waiters here before it; with shares,
-    /// also the turns of every class in use (its own included) between
-    /// the turn being served and its own, which counts the waiters still
-    /// to come that will go first.
-    fn sheds_early(
-        &mut self,
-        s: usize,
-        class: Class,
-        turn: u64,
-        conc: &config::ConcurrencySpec,
-        now_ms: u64,
-    ) -> bool {
-        let Some(rule) = self.rules.get(s) else {
-            return false;
-        };
-        let (shares, window_ms) = (rule.spec.shares, rule.spec.interval_ms);
-        let Some(l) = self.local.get_mut(s) else {
-            return false;
+    /// `shed_early`: how many admissions an arrival of `class` with `turn`
+    /// waits for, its own included: the more of the waiters here that go
+    /// before it and, with shares, the turns between the turn being served
+    /// and its own of every class waiting here (its own included), which
+    /// counts the waiters still to come that will go first.
+    fn places(&self, s: usize, class: Class, turn: u64, now_ms: u64) -> u64 {
+        let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get(s)) else {
+            return 1;
         };
         let me = (turn, 2 - class as usize);
-        let before = match shares {
+        // Under LIFO while overloaded, an arrival goes before the older
+        // waiters of its class.
+        let skip = class as usize + usize::from(rule.spec.lifo && l.codel.overloaded);
+        let before = match rule.spec.shares {
             Some(_) => l
                 .queues
                 .iter()
                 .flatten()
                 .filter(|w| (w.turn_ms, 2 - w.class as usize) < me)
                 .count(),
-            None => l
-                .queues
-                .iter()
-                .skip(class as usize)
-                .map(VecDeque::len)
-                .sum(),
+            None => l.queues.iter().skip(skip).map(VecDeque::len).sum(),
         } as u64;
-        let turns = shares.map_or(0, |sh| {
-            let gap = turn.saturating_sub(l.clocks.base(now_ms));
-            // The turns that fall in the gap: `gap / step` per class in use,
-            // rounded up once (rounding each would miss them).
-            let in_use: u64 = (0..3)
-                .filter(|&c| {
-                    c == class as usize
-                        || l.rate.active(c, now_ms, window_ms)
-                        || l.queues.get(c).is_some_and(|q| !q.is_empty())
-                })
-                .map(|c| u64::from(sh.get(c).copied().unwrap_or(0)))
-                .sum();
-            gap.saturating_mul(in_use).div_ceil(SCALE)
-        });
-        let needs = before.max(turns).saturating_add(1);
-        let limit = wait_limit(&l.codel, class, shares.is_none(), conc.max_wait_ms);
-        let expected = l.rate.expected_wait_ms(now_ms, window_ms, needs);
+        let turns = match rule.spec.shares {
+            // A share-0 turn is not a place in line: it goes when nobody
+            // else waits.
+            Some(sh) if sh.get(class as usize).is_some_and(|&x| x > 0) => {
+                let gap = turn.saturating_sub(l.clocks.base(now_ms));
+                let waiting: u64 = (0..3)
+                    .filter(|&c| {
+                        c == class as usize || l.queues.get(c).is_some_and(|q| !q.is_empty())
+                    })
+                    .map(|c| u64::from(sh.get(c).copied().unwrap_or(0)))
+                    .sum();
+                // `gap / step` per class, rounded once, to the nearest
+                // (per class, 35 x 2,857 is 99,995: one turn short).
+                gap.saturating_mul(waiting).saturating_add(SCALE / 2) / SCALE
+            }
+            _ => 0,
+        };
+        before.max(turns).saturating_add(1)
+    }
+
+    /// `shed_early`: whether an arrival with `places` admissions to wait
+    /// for would wait past its limit at the rate this worker admitted
+    /// requests lately. Never while this worker has no waiter: its rate may
+    /// say little of what it would get (a worker that admitted little
+    /// lately would otherwise refuse everything, and go on admitting
+    /// little).
+    fn sheds_early(
+        &mut self,
+        s: usize,
+        class: Class,
+        places: u64,
+        conc: &config::ConcurrencySpec,
+        now_ms: u64,
+    ) -> bool {
+        let Some(rule) = self.rules.get(s) else {
+            return false;
+        };
+        let (by_class, window_ms) = (rule.spec.shares.is_none(), rule.spec.interval_ms);
+        let Some(l) = self.local.get_mut(s) else {
+            return false;
+        };
+        if l.queues.iter().all(VecDeque::is_empty) {
+            return false;
+        }
+        let limit = wait_limit(&l.codel, class, by_class, conc.max_wait_ms);
+        let expected = l.rate.expected_wait_ms(now_ms, window_ms, places);
         if expected.is_some_and(|w| w >= limit) {
             l.codel.shed(now_ms);
             return true;
@@ -771,7 +791,7 @@ impl Shedders {
         if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
             l.lease -= 1;
             self.observe(s, now_ms, 0);
-            self.admitted(s, now_ms, class, turn);
+            self.admitted(s, now_ms, (class, turn), false);
             return Some(Arrival::Admit { slot: true });
         }
         let admitted = match self.try_op(store, s, Op::Direct) {
@@ -782,22 +802,24 @@ impl Shedders {
             None => Arrival::Admit { slot: false },
             Some(false) => return None,
         };
-        self.admitted(s, now_ms, class, turn);
+        self.admitted(s, now_ms, (class, turn), false);
         Some(admitted)
     }
 
     /// Counts an admission at shedder `s` in this worker's recent rate.
     /// With shares, an admission takes its class's turn, whether it waited
-    /// for it or found a free place: a class that takes free places ahead
-    /// of its turn has its later arrivals wait (or, with `shed_early`, be
-    /// shed) accordingly.
-    fn admitted(&mut self, s: usize, now_ms: u64, class: Class, turn: u64) {
+    /// for it (`queued`: the turn being served moves to it) or found a
+    /// free place while nobody waited (its class's next turn comes after
+    /// it, within a step of the turn being served).
+    fn admitted(&mut self, s: usize, now_ms: u64, (class, turn): (Class, u64), queued: bool) {
         let window_ms = self.rules.get(s).map_or(1, |r| r.spec.interval_ms);
         let shares = self.shares(s).is_some();
         if let Some(l) = self.local.get_mut(s) {
-            l.rate.admitted(now_ms, window_ms, class as usize);
-            if shares {
-                l.clocks.served(class as usize, turn);
+            l.rate.admitted(now_ms, window_ms);
+            match (shares, queued) {
+                (false, _) => {}
+                (true, true) => l.clocks.served(class as usize, turn, now_ms),
+                (true, false) => l.clocks.took(class as usize, turn, now_ms),
             }
         }
     }
@@ -914,7 +936,7 @@ impl Shedders {
                     if got == Some(true) {
                         self.observe(s, now_ms, waited_ms);
                     }
-                    self.admitted(s, now_ms, w.class, w.turn_ms);
+                    self.admitted(s, now_ms, (w.class, w.turn_ms), true);
                     out.push(Wake::Resume {
                         id: w.id,
                         waited_ms,

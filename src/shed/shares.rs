@@ -6,9 +6,9 @@
 //! turns are `SCALE / share` apart, so while every class keeps waiters,
 //! each is admitted in proportion to its share; a class with nobody waiting
 //! takes nothing (its share flows to the others); a class that starts
-//! waiting again starts at the turn being served, never from credit saved
-//! up while idle; and a client that comes back soon after its last
-//! admission waits only what is left of its class's step.
+//! waiting again starts at the turn being served, with at most one step of
+//! credit; and a client that comes back soon after its last admission
+//! waits only what is left of its class's step.
 
 /// Virtual milliseconds between a class's turns at a share of 1%:
 /// `SCALE / share`.
@@ -27,25 +27,29 @@ pub struct Clocks {
 }
 
 impl Clocks {
-    /// The turn being served, as seen at `now_ms`: turns never fall behind
-    /// the clock.
+    /// The turn being served, as seen at `now_ms`: the clock is its floor.
     pub fn base(&self, now_ms: u64) -> u64 {
         now_ms.max(self.serving)
     }
 
     /// The turn of an arrival of `class` at `now_ms`, whose class's newest
     /// waiter here has turn `newest`: one step after the class's last turn
-    /// still live (waiting, or admitted here), but never before the turn
-    /// being served. The turns of waiters that left without being admitted
-    /// (shed or gone) are not owed: a class shed a lot would otherwise run
-    /// ever further behind. A class with share 0 goes after everyone.
+    /// still live (waiting here, or admitted here), but never more than
+    /// one step before the turn being served. The turns of waiters that
+    /// left without being admitted (shed or gone) are not owed: a class
+    /// shed a lot would otherwise run ever further behind. A class with
+    /// share 0 goes after everyone.
     pub fn next(&self, shares: [u32; 3], class: usize, now_ms: u64, newest: Option<u64>) -> u64 {
         let base = self.base(now_ms);
         let share = shares.get(class).copied().unwrap_or(0);
         let Some(step) = SCALE.checked_div(u64::from(share)) else {
             return base.saturating_add(NEVER);
         };
-        let last = self.admitted.get(class).copied().flatten().max(newest);
+        // A place taken while nobody waited is charged up to the turn
+        // being served: at most one step of delay for the class, however
+        // many it took (in light load every request takes one).
+        let admitted = self.admitted.get(class).copied().flatten();
+        let last = admitted.map(|t| t.min(base)).max(newest);
         match last {
             // A class that comes back a little late keeps its pace: up to
             // one step of credit (else every lag would cost it a share of
@@ -55,13 +59,33 @@ impl Clocks {
         }
     }
 
-    /// A waiter of `class` with `turn` was admitted here: new turns start
-    /// at it, and its class's next one step after it.
-    pub fn served(&mut self, class: usize, turn: u64) {
+    /// A waiter of `class` with `turn` was admitted here from the queue:
+    /// new turns start at it, and its class's next one step after it. A
+    /// share-0 turn (far ahead of any other) moves nothing: it would put
+    /// every class behind it.
+    pub fn served(&mut self, class: usize, turn: u64, now_ms: u64) {
+        if self.share0(turn, now_ms) {
+            return;
+        }
         self.serving = self.serving.max(turn);
+        self.took(class, turn, now_ms);
+    }
+
+    /// A request of `class` took a free place with `turn` while nobody
+    /// waited: its class's next turn comes after it; the turn being served
+    /// stays (nobody was passed over).
+    pub fn took(&mut self, class: usize, turn: u64, now_ms: u64) {
+        if self.share0(turn, now_ms) {
+            return;
+        }
         if let Some(a) = self.admitted.get_mut(class) {
             *a = Some(a.map_or(turn, |t| t.max(turn)));
         }
+    }
+
+    /// Whether `turn` is a share-0 turn (as far ahead as only those are).
+    fn share0(&self, turn: u64, now_ms: u64) -> bool {
+        turn >= self.base(now_ms).saturating_add(NEVER / 2)
     }
 
     /// Another worker claims `turn` as the next it serves: new turns here
@@ -69,7 +93,7 @@ impl Clocks {
     /// unless it is the turn of a class with share 0 (far ahead of anything
     /// served), which would put every class here behind it.
     pub fn seen(&mut self, turn: u64, now_ms: u64) {
-        if turn < self.serving.max(now_ms).saturating_add(NEVER / 2) {
+        if !self.share0(turn, now_ms) {
             self.serving = self.serving.max(turn);
         }
     }
@@ -107,7 +131,7 @@ mod tests {
         for _ in 0..n {
             waiting.sort_by_key(|&(t, class)| (t, 2 - class));
             let (t, class) = waiting.remove(0);
-            c.served(class, t);
+            c.served(class, t, 0);
             got[class] += 1;
             let t = turn(&c, shares, class, &waiting);
             waiting.push((t, class));
@@ -136,7 +160,7 @@ mod tests {
         let mut t = 0;
         for _ in 0..100 {
             t = c.next(SHARES, 0, 0, None);
-            c.served(0, t);
+            c.served(0, t, 0);
         }
         assert_eq!(t, 99 * (SCALE / 15));
         // Critical, idle so far, gets the turn being served, not 100
@@ -157,7 +181,7 @@ mod tests {
     #[test]
     fn turns_of_waiters_that_left_are_not_owed() {
         let mut c = Clocks::default();
-        c.served(0, 1_000);
+        c.served(0, 1_000, 0);
         // Sheddable waiters that were shed never count: with nobody of its
         // class waiting, an arrival's turn is one step after its class's
         // last admission...
@@ -177,5 +201,100 @@ mod tests {
     fn a_zero_share_goes_last() {
         let got = run([0, 50, 50], [true; 3], 100);
         assert_eq!(got[0], 0);
+    }
+
+    /// What `Shedders::admit_at_once` does for an arrival with nobody
+    /// waiting: its class's next turn, then `took(class, turn)`.
+    fn direct(c: &mut Clocks, shares: [u32; 3], class: usize, now: u64) {
+        let t = c.next(shares, class, now, None);
+        c.took(class, t, now);
+    }
+
+    #[test]
+    fn a_share0_admission_does_not_move_the_clock() {
+        let shares = [50, 0, 50]; // default has share 0
+        let mut c = Clocks::default();
+        let now = 1_700_000_000_000;
+        direct(&mut c, shares, 1, now);
+        // One request of the share-0 class, admitted at a free place, put
+        // this worker's clock 2^40 virtual ms ahead: every turn here is now
+        // past what another worker's `seen` accepts (NEVER / 2 ahead).
+        let crit = c.next(shares, 2, now, None);
+        let mut other = Clocks::default();
+        other.seen(crit, now);
+        assert!(
+            other.base(now) >= crit - SCALE,
+            "another worker ignores this worker's critical turn {} (its own base {})",
+            crit - now,
+            other.base(now) - now
+        );
+    }
+
+    #[test]
+    fn many_share0_admissions_leave_the_shares_intact() {
+        let shares = [50, 0, 50]; // sheddable 50, default 0, critical 50
+        let mut c = Clocks::default();
+        let now = 1_700_000_000_000;
+        // 2^24 direct admissions of the share-0 class (4.7 hours at 1,000
+        // a second of light load).
+        for _ in 0..(1u32 << 24) {
+            direct(&mut c, shares, 1, now);
+        }
+        // Then overload from every class, 4 waiters each (as `run`).
+        let mut waiting: Vec<(u64, usize)> = Vec::new();
+        for class in 0..3 {
+            for _ in 0..4 {
+                let t = turn(&c, shares, class, &waiting);
+                waiting.push((t, class));
+            }
+        }
+        let mut got = [0; 3];
+        for _ in 0..200 {
+            waiting.sort_by_key(|&(t, class)| (t, 2 - class));
+            let (t, class) = waiting.remove(0);
+            c.served(class, t, now);
+            got[class] += 1;
+            let t = turn(&c, shares, class, &waiting);
+            waiting.push((t, class));
+        }
+        assert!(
+            got[0] >= 80 && got[1] == 0,
+            "admitted sheddable/default/critical {got:?}, base {}",
+            c.base(now)
+        );
+    }
+
+    #[test]
+    fn light_load_keeps_turns_within_what_other_workers_accept() {
+        let shares = [1, 49, 50]; // sheddable 1%: a step of 100,000
+        let (mut a, mut b) = (Clocks::default(), Clocks::default());
+        let now = 1_700_000_000_000;
+        // Light load: 5.6 million sheddable requests admitted directly on
+        // worker A (1.5 hours at 1,000 a second); worker B sees a quarter
+        // as many critical ones.
+        for i in 0..5_600_000 {
+            direct(&mut a, shares, 0, now);
+            if i % 4 == 0 {
+                direct(&mut b, shares, 2, now);
+            }
+        }
+        // Overload starts: A's first critical waiter claims its turn; B,
+        // seeing it, should move its clock up to it.
+        let crit_a = a.next(shares, 2, now, None);
+        b.seen(crit_a, now);
+        assert!(
+            b.base(now) + SCALE >= crit_a,
+            "B ignores A's claim: A's turns are {} ahead of B's",
+            crit_a - b.base(now)
+        );
+    }
+
+    #[test]
+    fn turns_fall_at_most_one_step_behind_the_turn_being_served() {
+        let mut c = Clocks::default();
+        c.served(0, 1_000, 0);
+        let now = 1_000_000;
+        let t = c.next(SHARES, 0, now, None);
+        assert_eq!(t, now - SCALE / 15);
     }
 }
