@@ -89,3 +89,45 @@ def test_deadlines_refuse_cap_the_queue_and_reach_the_upstream_reduced():
         echo.seen.clear()
         assert c.request("/", {"x-deadline-ms": "5000"}).status == 200
         assert echo.seen == ["5000"], echo.seen
+
+
+def test_shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline():
+    """With `shed_early`, a request whose expected wait in the queue is past
+    its deadline gets the deadline's answer on arrival, not when the
+    deadline passes; one with time enough waits and is served."""
+    cfg = {"deadlines": {"headers": ["x-deadline-ms"]},
+           "shedders": [{"name": "q", "concurrency": {"max": 1, "queue": 50, "max_wait": "5s",
+                                                        "shed_early": True},
+                         "priority": {"default": "critical"}}]}
+    with Echo() as echo, Stack(cfg, routes=ROUTES, extra_clusters=[("echo", echo.port)]) as s:
+        stop = threading.Event()
+
+        def busy():  # keeps the one slot taken and both workers' lines full
+            c = http1.Conn(s.port)
+            while not stop.is_set():
+                c.request("/", {"x-sleep-ms": "40"})
+            c.close()
+
+        threads = [threading.Thread(target=busy) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            took = []
+            for _ in range(7):
+                c = http1.Conn(s.port)
+                t = time.time()
+                r = c.request("/", {"x-deadline-ms": "150"})
+                took.append(time.time() - t)
+                c.close()
+                assert r.status == 504 and r.header("x-sluice-deadline") == "exceeded", (r.status, r.headers)
+            # On arrival (measured: a few ms), not when the 150 ms pass.
+            took.sort()
+            assert took[len(took) // 2] < 0.075, took
+            # Time enough: it waits its turn and is served.
+            assert http1.get(s.port, "/", headers={"x-deadline-ms": "20000"}).status == 200
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert s.front.stat(metric("sluice_deadline_refused_total")) >= 7

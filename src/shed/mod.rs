@@ -60,6 +60,8 @@ pub enum Arrival {
     Queue { evicted: Option<Waiter> },
     /// Shed it now.
     Shed,
+    /// `shed_early`: it would wait past its deadline: answer it so now.
+    Expired,
 }
 
 /// What to do with a queued request.
@@ -678,8 +680,10 @@ impl Shedders {
         } else {
             1
         };
-        if conc.shed_early && self.sheds_early(s, class, places, &conc, now_ms) {
-            return Arrival::Shed;
+        if conc.shed_early {
+            if let Some(early) = self.sheds_early(s, (class, places), &conc, now_ms, deadline_ms) {
+                return early;
+            }
         }
         let waiter = Waiter {
             id,
@@ -747,36 +751,36 @@ impl Shedders {
     }
 
     /// `shed_early`: whether an arrival with `places` admissions to wait
-    /// for would wait past its limit at the rate this worker admitted
-    /// requests lately. Never while this worker has no waiter: its rate may
-    /// say little of what it would get (a worker that admitted little
-    /// lately would otherwise refuse everything, and go on admitting
-    /// little).
+    /// for would wait past its limit (`Shed`), or else past its deadline
+    /// (`Expired`), at the rate this worker admitted requests lately.
+    /// Never while this worker has no waiter: its rate may say little of
+    /// what it would get (a worker that admitted little lately would
+    /// otherwise refuse everything, and go on admitting little).
     fn sheds_early(
         &mut self,
         s: usize,
-        class: Class,
-        places: u64,
+        (class, places): (Class, u64),
         conc: &config::ConcurrencySpec,
         now_ms: u64,
-    ) -> bool {
-        let Some(rule) = self.rules.get(s) else {
-            return false;
-        };
+        deadline_ms: Option<u64>,
+    ) -> Option<Arrival> {
+        let rule = self.rules.get(s)?;
         let (by_class, window_ms) = (rule.spec.shares.is_none(), rule.spec.interval_ms);
-        let Some(l) = self.local.get_mut(s) else {
-            return false;
-        };
+        let l = self.local.get_mut(s)?;
         if l.queues.iter().all(VecDeque::is_empty) {
-            return false;
+            return None;
         }
         let limit = wait_limit(&l.codel, class, by_class, conc.max_wait_ms);
-        let expected = l.rate.expected_wait_ms(now_ms, window_ms, places);
-        if expected.is_some_and(|w| w >= limit) {
-            l.codel.shed(now_ms);
-            return true;
-        }
-        false
+        let expected = l.rate.expected_wait_ms(now_ms, window_ms, places)?;
+        let early = if expected >= limit {
+            Arrival::Shed
+        } else if deadline_ms.is_some_and(|d| now_ms.saturating_add(expected) >= d) {
+            Arrival::Expired
+        } else {
+            return None;
+        };
+        l.codel.shed(now_ms);
+        Some(early)
     }
 
     /// Admits an arrival from this worker's lease or a free shared slot;

@@ -246,20 +246,26 @@ impl ShedStage {
     /// Answers a queued stream whose deadline passed while it waited.
     fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) {
         self.deadline_of.remove(&id);
+        let rejection = self.deadline_answer(cx, s);
+        cx.effects.push(Effect::Reply {
+            stream: id,
+            rejection,
+        });
+    }
+
+    /// The answer to a request whose deadline passes (or, with
+    /// `shed_early`, would pass) in shedder `s`'s queue, counted.
+    fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize) -> Rejection {
         let name = self
             .shedders
             .rules
             .get(s)
             .map_or("", |r| r.spec.name.as_str());
         let status = self.deadlines.as_ref().map_or(504, |d| d.status);
-        let rejection = crate::deadline::reply::rejection(&format!("shed/{name}"), status, 0);
         if let Some(m) = self.deadline_refused {
             cx.add(m, 1);
         }
-        cx.effects.push(Effect::Reply {
-            stream: id,
-            rejection,
-        });
+        crate::deadline::reply::rejection(&format!("shed/{name}"), status, 0)
     }
 
     /// The request's deadline, if the configuration reads deadlines and it
@@ -328,6 +334,10 @@ impl ShedStage {
                     self.finish(cx, id);
                     let r = self.answer(cx, s, class)?;
                     return Some(Step::Reply(r));
+                }
+                Arrival::Expired => {
+                    self.finish(cx, id);
+                    return Some(Step::Reply(self.deadline_answer(cx, s)));
                 }
                 Arrival::Queue { evicted } => {
                     cx.add(self.m(s).queued, 1);

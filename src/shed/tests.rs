@@ -1258,7 +1258,7 @@ fn retrying_loop_on(concurrency: &str, priority: &str, n_workers: u32) -> LoopSt
                         sending.push((v.id, now + 1));
                     }
                 }
-                Arrival::Shed => {
+                Arrival::Shed | Arrival::Expired => {
                     stats.shed_on_arrival += 1;
                     sending.push((c, now + 1));
                 }
@@ -1461,7 +1461,7 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
                         sending.push((v.id, now + 1));
                     }
                 }
-                Arrival::Shed => {
+                Arrival::Shed | Arrival::Expired => {
                     out.shed_arrival[c as usize] += 1;
                     sending.push((c, now + 1));
                 }
@@ -1768,5 +1768,53 @@ fn shed_early_under_lifo_counts_only_higher_classes_ahead() {
     // from now at this rate; shed_early counts the three older waiters as
     // ahead of it (4 × 9.5 ms >= 30 ms) and refuses it.
     let got = sh.arrive(&store, t + 2, 0, 104, Class::Critical);
+    assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
+}
+
+#[test]
+fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":100,"max_wait":"1s","shed_early":true}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    sh.create(&store).expect("created");
+    // A rate: one admission every 10 ms for 200 ms.
+    for i in 0..20u64 {
+        let got = sh.arrive(&store, T0 + 10 * i, 0, i as u32, Class::Default);
+        assert_eq!(got, Arrival::Admit { slot: true });
+        sh.release(&store, 0);
+    }
+    let t = T0 + 200;
+    assert_eq!(
+        sh.arrive(&store, t, 0, 100, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    for id in 101..=105 {
+        assert!(matches!(
+            sh.arrive(&store, t, 0, id, Class::Default),
+            Arrival::Queue { .. }
+        ));
+    }
+    // Six admissions to wait for, about 60 ms: within max_wait (1 s), but
+    // past a deadline 30 ms away, and within one 100 ms away.
+    let got = sh.arrive_until(&store, t, 0, (106, Class::Default), Some(t + 30));
+    assert_eq!(got, Arrival::Expired);
+    let got = sh.arrive_until(&store, t, 0, (107, Class::Default), Some(t + 100));
+    assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
+    // Without shed_early it would have waited for its deadline.
+    let plain = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":100,"max_wait":"1s"}}]}"#,
+    )
+    .expect("valid");
+    let store = MemoryStore::default();
+    let mut sh = Shedders::new(&plain, T0, 1).expect("builds");
+    sh.create(&store).expect("created");
+    assert_eq!(
+        sh.arrive(&store, T0, 0, 1, Class::Default),
+        Arrival::Admit { slot: true }
+    );
+    let got = sh.arrive_until(&store, T0, 0, (2, Class::Default), Some(T0 + 30));
     assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
 }
