@@ -751,8 +751,9 @@ impl Shedders {
     }
 
     /// `shed_early`: whether an arrival with `places` admissions to wait
-    /// for would wait past its limit (`Shed`), or else past its deadline
-    /// (`Expired`), at the rate this worker admitted requests lately.
+    /// for would wait past its limit (`Shed`) or its deadline (`Expired`),
+    /// whichever comes first, at the rate this worker admitted requests
+    /// lately.
     /// Never while this worker has no waiter: its rate may say little of
     /// what it would get (a worker that admitted little lately would
     /// otherwise refuse everything, and go on admitting little).
@@ -772,12 +773,13 @@ impl Shedders {
         }
         let limit = wait_limit(&l.codel, class, by_class, conc.max_wait_ms);
         let expected = l.rate.expected_wait_ms(now_ms, window_ms, places)?;
-        let early = if expected >= limit {
-            Arrival::Shed
-        } else if deadline_ms.is_some_and(|d| now_ms.saturating_add(expected) >= d) {
-            Arrival::Expired
-        } else {
-            return None;
+        // Answered as the queue would have: by whichever comes first, the
+        // deadline or the limit.
+        let left = deadline_ms.map(|d| d.saturating_sub(now_ms));
+        let early = match left {
+            Some(left) if left <= limit && expected >= left => Arrival::Expired,
+            _ if expected >= limit => Arrival::Shed,
+            _ => return None,
         };
         l.codel.shed(now_ms);
         Some(early)

@@ -1803,6 +1803,15 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     assert_eq!(got, Arrival::Expired);
     let got = sh.arrive_until(&store, t, 0, (107, Class::Default), Some(t + 100));
     assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
+    // A deadline past max_wait: shed for max_wait, which comes first.
+    sh.rules[0]
+        .spec
+        .concurrency
+        .as_mut()
+        .expect("queue")
+        .max_wait_ms = 40;
+    let got = sh.arrive_until(&store, t, 0, (108, Class::Default), Some(t + 500));
+    assert_eq!(got, Arrival::Shed);
     // Without shed_early it would have waited for its deadline.
     let plain = parse(
         br#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":100,"max_wait":"1s"}}]}"#,
