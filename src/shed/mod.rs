@@ -39,6 +39,12 @@ use entry::{Applied, Change, Op};
 use shares::{Clocks, SCALE};
 use std::collections::VecDeque;
 
+/// The order of waiters by turn (with shares): the earliest turn first, a
+/// higher class first on a tie.
+fn by_turn(turn: u64, class: Class) -> (u64, usize) {
+    (turn, 2 - class as usize)
+}
+
 /// A queued request: the host's stream id, its class, when it arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waiter {
@@ -400,7 +406,7 @@ impl Shedders {
             .filter_map(|c| Some((c, l.queues.get(c)?.front()?)));
         if shares {
             fronts
-                .min_by_key(|(c, w)| (w.turn_ms, 2 - c))
+                .min_by_key(|(_, w)| by_turn(w.turn_ms, w.class))
                 .map(|(c, _)| c)
         } else {
             fronts.map(|(c, _)| c).next()
@@ -424,7 +430,7 @@ impl Shedders {
             return (best.next().map(claim), best.next().map(claim));
         }
         let mut two: Vec<&Waiter> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
-        two.sort_by_key(|w| (w.turn_ms, 2 - w.class as usize));
+        two.sort_by_key(|w| by_turn(w.turn_ms, w.class));
         (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
     }
 
@@ -717,7 +723,7 @@ impl Shedders {
         let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get(s)) else {
             return 1;
         };
-        let me = (turn, 2 - class as usize);
+        let me = by_turn(turn, class);
         // Under LIFO while overloaded, an arrival goes before the older
         // waiters of its class.
         let skip = class as usize + usize::from(rule.spec.lifo && l.codel.overloaded);
@@ -726,7 +732,7 @@ impl Shedders {
                 .queues
                 .iter()
                 .flatten()
-                .filter(|w| (w.turn_ms, 2 - w.class as usize) < me)
+                .filter(|w| by_turn(w.turn_ms, w.class) < me)
                 .count(),
             None => l.queues.iter().skip(skip).map(VecDeque::len).sum(),
         } as u64;
@@ -812,16 +818,23 @@ impl Shedders {
         Some(admitted)
     }
 
-    /// Counts an admission at shedder `s` in this worker's recent rate.
+    /// Counts an admission at shedder `s` in this worker's recent rate
+    /// (with `shed_early`, the only reader).
     /// With shares, an admission takes its class's turn, whether it waited
     /// for it (`queued`: the turn being served moves to it) or found a
     /// free place while nobody waited (its class's next turn comes after
     /// it, within a step of the turn being served).
     fn admitted(&mut self, s: usize, now_ms: u64, (class, turn): (Class, u64), queued: bool) {
-        let window_ms = self.rules.get(s).map_or(1, |r| r.spec.interval_ms);
-        let shares = self.shares(s).is_some();
+        let Some(rule) = self.rules.get(s) else {
+            return;
+        };
+        let shares = rule.spec.shares.is_some();
+        let early = rule.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
+        let window_ms = rule.spec.interval_ms;
         if let Some(l) = self.local.get_mut(s) {
-            l.rate.admitted(now_ms, window_ms);
+            if early {
+                l.rate.admitted(now_ms, window_ms);
+            }
             match (shares, queued) {
                 (false, _) => {}
                 (true, true) => l.clocks.served(class as usize, turn, now_ms),

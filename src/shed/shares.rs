@@ -64,10 +64,7 @@ impl Clocks {
     /// share-0 turn (far ahead of any other) moves nothing: it would put
     /// every class behind it.
     pub fn served(&mut self, class: usize, turn: u64, now_ms: u64) {
-        if self.share0(turn, now_ms) {
-            return;
-        }
-        self.serving = self.serving.max(turn);
+        self.seen(turn, now_ms);
         self.took(class, turn, now_ms);
     }
 
@@ -116,8 +113,7 @@ mod tests {
     /// Every class keeps 4 waiters; the earliest turn is admitted and its
     /// class sends another (a closed loop).
     fn run(shares: [u32; 3], active: [bool; 3], n: usize) -> [usize; 3] {
-        let c0 = Clocks::default();
-        let mut c = c0;
+        let mut c = Clocks::default();
         let mut waiting: Vec<(u64, usize)> = Vec::new();
         for (class, &on) in active.iter().enumerate() {
             for _ in 0..4 {

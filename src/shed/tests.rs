@@ -1193,7 +1193,6 @@ struct LoopStats {
     waits: Vec<u64>,
     shed_on_arrival: u32,
     shed_waiting: u32,
-    waiting_by_class: [u32; 3],
 }
 
 /// 48 closed-loop clients of every class on two workers, against a limit
@@ -1216,78 +1215,21 @@ fn retrying_loop_on(concurrency: &str, priority: &str, n_workers: u32) -> LoopSt
         r#"{{"shedders":[{{"name":"a","concurrency":{{"max":4,{concurrency}}},
         "priority":{{{priority}}}}}]}}"#
     );
-    let config = parse(json.as_bytes()).expect("valid");
-    let store = MemoryStore::default();
-    let mut workers: Vec<Shedders> = (1..=n_workers)
-        .map(|w| Shedders::new(&config, T0, w).expect("builds"))
-        .collect();
-    workers[0].create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
-    let class_of = |c: u32| classes[(c / 2 % 3) as usize];
-    let mut stats = LoopStats {
-        admitted: [0; 3],
-        waits: Vec::new(),
-        shed_on_arrival: 0,
-        shed_waiting: 0,
-        waiting_by_class: [0; 3],
-    };
-    let mut inflight: Vec<(usize, u32, u64)> = Vec::new();
-    // Clients about to send: (client, when).
-    let mut sending: Vec<(u32, u64)> = (0..48).map(|c| (c, T0)).collect();
-    for now in T0..T0 + 6000 {
-        let (done, rest): (Vec<_>, Vec<_>) = inflight.into_iter().partition(|x| x.2 <= now);
-        inflight = rest;
-        for (w, c, _) in done {
-            workers[w].release(&store, 0);
-            stats.admitted[class_of(c) as usize] += 1;
-            sending.push((c, now));
-        }
-        let (due, later): (Vec<_>, Vec<_>) = sending.into_iter().partition(|x| x.1 <= now);
-        sending = later;
-        for (c, _) in due {
-            let w = (c % n_workers) as usize;
-            match workers[w].arrive(&store, now, 0, c, class_of(c)) {
-                Arrival::Admit { slot } => {
-                    assert!(slot, "admitted without a slot");
-                    stats.waits.push(0);
-                    inflight.push((w, c, now + service(c, now)));
-                }
-                Arrival::Queue { evicted } => {
-                    if let Some(v) = evicted {
-                        stats.shed_waiting += 1;
-                        sending.push((v.id, now + 1));
-                    }
-                }
-                Arrival::Shed | Arrival::Expired => {
-                    stats.shed_on_arrival += 1;
-                    sending.push((c, now + 1));
-                }
-            }
-        }
-        for (w, worker) in workers.iter_mut().enumerate() {
-            for wake in worker.wake(&store, now, 0) {
-                match wake {
-                    Wake::Resume {
-                        id,
-                        slot,
-                        waited_ms,
-                    } => {
-                        assert!(slot, "admitted without a slot");
-                        stats.waits.push(waited_ms);
-                        inflight.push((w, id, now + service(id, now)));
-                    }
-                    Wake::Shed { waiter } | Wake::Expired { waiter } => {
-                        stats.shed_waiting += 1;
-                        stats.waiting_by_class[waiter.class as usize] += 1;
-                        sending.push((waiter.id, now + 1));
-                    }
-                }
-            }
-        }
-        assert!(inflight.len() <= 4, "{} in flight", inflight.len());
-        assert_eq!(workers.iter().map(|w| w.store_failures).sum::<u64>(), 0);
+    let clients: Vec<RClient> = (0..48u32)
+        .map(|c| rclient((c % n_workers) as usize, classes[(c / 2 % 3) as usize], 0))
+        .collect();
+    let out = sim(&json, n_workers as usize, &clients, (6_000, 4), &service);
+    let mut admitted = [0; 3];
+    for (c, n) in clients.iter().zip(&out.admitted) {
+        admitted[c.class as usize] += n;
     }
-    stats
+    LoopStats {
+        admitted,
+        waits: out.waits,
+        shed_on_arrival: out.shed_arrival.iter().sum(),
+        shed_waiting: out.shed_waiting.iter().sum(),
+    }
 }
 
 fn p99(waits: &mut [u64]) -> u64 {
@@ -1395,10 +1337,10 @@ fn shed_early_with_strict_priority_sheds_the_lower_classes_at_once() {
     assert!(got.shed_waiting * 10 < got.shed_on_arrival);
 }
 
-// Regression tests from an independent review of shed_early and start tags.
-/// A closed-loop client of the review simulations: on `worker`, of
-/// `class`, sending from `start` (once only if `once`), served in
-/// `service` ms, resending 1 ms after a refusal.
+/// A closed-loop client of the simulations: on `worker`, of `class`,
+/// sending from `start` (once only if `once`), served in `service` ms
+/// (unless the simulation is given an upstream of its own), resending 1 ms
+/// after a refusal.
 #[derive(Clone, Copy)]
 struct RClient {
     worker: usize,
@@ -1414,10 +1356,29 @@ struct ROut {
     admitted: Vec<u32>,
     shed_arrival: Vec<u32>,
     shed_waiting: Vec<u32>,
+    /// How long each admitted request waited (ms; 0: admitted at once).
+    waits: Vec<u64>,
     max_wait: u64,
 }
 
+/// `clients` against the shedder of `json` on `n_workers` workers, for
+/// `ms` milliseconds; never more than `limit` in flight, never a store
+/// failure. Each client's requests take `clients[i].service` ms.
 fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize) -> ROut {
+    sim(json, n_workers, clients, (ms, limit), &|c, _| {
+        clients[c as usize].service
+    })
+}
+
+/// `rsim` with the upstream's time per request given by `service(client,
+/// now)`.
+fn sim(
+    json: &str,
+    n_workers: usize,
+    clients: &[RClient],
+    (ms, limit): (u64, usize),
+    service: &dyn Fn(u32, u64) -> u64,
+) -> ROut {
     let config = parse(json.as_bytes()).expect("valid");
     let store = MemoryStore::default();
     let mut workers: Vec<Shedders> = (1..=n_workers as u32)
@@ -1429,9 +1390,9 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
         admitted: vec![0; n],
         shed_arrival: vec![0; n],
         shed_waiting: vec![0; n],
-        max_wait: 0,
+        ..ROut::default()
     };
-    let mut inflight: Vec<(usize, u32, u64, bool)> = Vec::new();
+    let mut inflight: Vec<(usize, u32, u64)> = Vec::new();
     let mut sending: Vec<(u32, u64)> = clients
         .iter()
         .enumerate()
@@ -1440,10 +1401,8 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
     for now in T0..T0 + ms {
         let (done, rest): (Vec<_>, Vec<_>) = inflight.into_iter().partition(|x| x.2 <= now);
         inflight = rest;
-        for (w, c, _, slot) in done {
-            if slot {
-                workers[w].release(&store, 0);
-            }
+        for (w, c, _) in done {
+            workers[w].release(&store, 0);
             out.admitted[c as usize] += 1;
             if !clients[c as usize].once {
                 sending.push((c, now));
@@ -1454,7 +1413,11 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
         for (c, _) in due {
             let cl = clients[c as usize];
             match workers[cl.worker].arrive(&store, now, 0, c, cl.class) {
-                Arrival::Admit { slot } => inflight.push((cl.worker, c, now + cl.service, slot)),
+                Arrival::Admit { slot } => {
+                    assert!(slot, "admitted without a slot");
+                    out.waits.push(0);
+                    inflight.push((cl.worker, c, now + service(c, now)));
+                }
                 Arrival::Queue { evicted } => {
                     if let Some(v) = evicted {
                         out.shed_waiting[v.id as usize] += 1;
@@ -1475,9 +1438,10 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
                         slot,
                         waited_ms,
                     } => {
+                        assert!(slot, "admitted without a slot");
+                        out.waits.push(waited_ms);
                         out.max_wait = out.max_wait.max(waited_ms);
-                        let cl = clients[id as usize];
-                        inflight.push((w, id, now + cl.service, slot));
+                        inflight.push((w, id, now + service(id, now)));
                     }
                     Wake::Shed { waiter } | Wake::Expired { waiter } => {
                         out.shed_waiting[waiter.id as usize] += 1;
@@ -1487,10 +1451,12 @@ fn rsim(json: &str, n_workers: usize, clients: &[RClient], ms: u64, limit: usize
             }
         }
         assert!(inflight.len() <= limit, "{} in flight", inflight.len());
+        assert_eq!(workers.iter().map(|w| w.store_failures).sum::<u64>(), 0);
     }
     out
 }
 
+// Regression tests from an independent review of shed_early and start tags.
 fn rclient(worker: usize, class: Class, start: u64) -> RClient {
     RClient {
         worker,
