@@ -123,6 +123,15 @@ def group_members(pgid):
     return found
 
 
+def proc_file(pid, name):
+    """/proc/PID/NAME, or "" when PID has exited since it was listed (the
+    group has short-lived members, such as run.sh's `sleep`)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_run_serves_limits_and_stops_on_ctrl_c(tmp_path):
     chosen = ports()
     with RunSh(chosen, tmp_path / "tmp") as run:
@@ -218,8 +227,8 @@ def test_run_reports_an_envoy_that_dies_while_running(tmp_path):
     with RunSh(chosen, tmp_path / "tmp") as run:
         run.wait_for(r"Press Ctrl-C", timeout=60)
         front = [pid for pid in group_members(run.pgid)
-                 if "envoy.yaml" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                 and "tee" not in Path(f"/proc/{pid}/comm").read_text()]
+                 if "envoy.yaml" in proc_file(pid, "cmdline")
+                 and "tee" not in proc_file(pid, "comm")]
         assert len(front) == 1, front
         os.kill(front[0], signal.SIGKILL)
         rc = run.finish(timeout=20)
