@@ -19,7 +19,7 @@
 //! - [`store`]: shared data as a compare-and-swap store, the layer that
 //!   remembers a worker's own writes, and an in-memory store for tests.
 //! - small shared pieces: [`keys`], [`request`], [`matcher`], [`reply`],
-//!   [`codec`], [`hash`], [`duration`], [`rng`].
+//!   [`codec`], [`hash`], [`duration`], [`rng`], [`sort`].
 //! - `host` (wasm32-wasip1 only): the proxy-wasm adapter, glue only.
 
 #![cfg_attr(
@@ -48,6 +48,7 @@ pub mod request;
 pub mod retry;
 pub mod rng;
 pub mod shed;
+pub mod sort;
 pub mod store;
 
 #[cfg(target_os = "wasi")]

@@ -122,7 +122,7 @@ impl Queues {
     /// The places someone waits at.
     pub fn places(&self) -> Vec<Place> {
         let mut p: Vec<Place> = self.lines.keys().copied().collect();
-        p.sort_unstable();
+        crate::sort::small_by_key(&mut p, |&place| place);
         p
     }
 }

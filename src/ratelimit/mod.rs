@@ -667,7 +667,7 @@ impl Limiter {
             Vec::new()
         };
         reports.extend(pending.iter().map(|p| p.report));
-        reports.sort_by_key(|r| r.rule);
+        crate::sort::small_by_key(&mut reports, |r| r.rule);
         Evaluation {
             verdict: Verdict::Allow,
             reports,
@@ -724,7 +724,7 @@ impl Limiter {
             }
         }
         reports.extend(pending.iter().map(|p| p.report));
-        reports.sort_by_key(|r| r.rule);
+        crate::sort::small_by_key(&mut reports, |r| r.rule);
         Evaluation {
             verdict,
             reports,

@@ -129,7 +129,7 @@ impl Change {
             claims.extend(mine.map(|m| self.ours(old, m)));
             // Sorted in this writer's order whatever order they came in, so
             // the entry always decodes.
-            claims.sort_by(|a, b| self.order(a, b));
+            crate::sort::small_by(&mut claims, |a, b| self.order(a, b).is_lt());
             claims.truncate(MAX_CLAIMS);
         }
         Shared {

@@ -430,7 +430,7 @@ impl Shedders {
             return (best.next().map(claim), best.next().map(claim));
         }
         let mut two: Vec<&Waiter> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
-        two.sort_by_key(|w| by_turn(w.turn_ms, w.class));
+        crate::sort::small_by_key(&mut two, |w| by_turn(w.turn_ms, w.class));
         (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
     }
 
