@@ -45,14 +45,14 @@ DEMO = {
 }
 
 
-def minimal_filter():
+def minimal_filter(wasm=MINIMAL):
     return {
         "name": "minimal",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
             "config": {"name": "minimal", "root_id": "minimal",
                        "vm_config": {"vm_id": "minimal", "runtime": "envoy.wasm.runtime.v8",
-                                     "code": {"local": {"filename": str(MINIMAL)}}}},
+                                     "code": {"local": {"filename": str(wasm)}}}},
         },
     }
 
