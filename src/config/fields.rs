@@ -222,6 +222,16 @@ pub fn millis(field: String, text: Option<String>, default: &str) -> Result<u64,
     Ok(ns / NS_PER_MS)
 }
 
+/// A duration in whole milliseconds that may be 0 (`0`, `0s`), else at
+/// least 1ms.
+pub fn millis_or_zero(field: &str, text: String) -> Result<u64, ConfigError> {
+    let ns = parse_duration(&text).map_err(|p| err(field, p))?;
+    if ns > 0 && ns < NS_PER_MS {
+        return Err(err(field, "must be 0 or at least 1ms"));
+    }
+    Ok(ns / NS_PER_MS)
+}
+
 pub fn positive(field: String, value: i64) -> Result<u64, ConfigError> {
     if value <= 0 {
         return Err(err(field, format!("must be greater than 0, got {value}")));
@@ -241,6 +251,49 @@ pub fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
         return Err(err(field, format!("`{name}` is not a valid header name")));
     }
     Ok(name.to_ascii_lowercase())
+}
+
+/// Validates and lower-cases the name of a header sluice adds to its
+/// replies: not a pseudo-header nor one of the headers Envoy sets or
+/// drops itself (framing, connection), and not one sluice writes on a
+/// refusal already, any of which would silently never show.
+pub fn response_header_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    const RESERVED: [&str; 20] = [
+        "connection",
+        "content-length",
+        "content-type",
+        "date",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "ratelimit",
+        "ratelimit-policy",
+        "retry-after",
+        "server",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "x-sluice-circuit",
+        "x-sluice-shed",
+    ];
+    let name = header_name(field, name)?;
+    if name.starts_with(':') {
+        return Err(err(
+            field,
+            format!("`{name}` is a pseudo-header: Envoy sets it itself"),
+        ));
+    }
+    if RESERVED.contains(&name.as_str()) {
+        return Err(err(
+            field,
+            format!("`{name}` is set by Envoy or by sluice on a refusal: choose another name"),
+        ));
+    }
+    Ok(name)
 }
 
 pub fn validate_match(at: &str, raw: RawMatch) -> Result<Match, ConfigError> {

@@ -257,7 +257,7 @@ fn validate_response(raw: RawResponse) -> Result<ResponseSpec, ConfigError> {
         return Err(err("response.retry_after_jitter", "must be at most 1h"));
     }
     let reason_header = match raw.reason_header {
-        Some(h) => Some(fields::header_name("response.reason_header", &h)?),
+        Some(h) => Some(fields::response_header_name("response.reason_header", &h)?),
         None => None,
     };
     Ok(ResponseSpec {

@@ -304,6 +304,21 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "unknown variant `all`",
         ),
         (
+            r#"{"response":{"reason_header":":status"}}"#.into(),
+            "response.reason_header",
+            "pseudo-header",
+        ),
+        (
+            r#"{"response":{"reason_header":"Content-Length"}}"#.into(),
+            "response.reason_header",
+            "set by Envoy or by sluice",
+        ),
+        (
+            r#"{"response":{"reason_header":"retry-after"}}"#.into(),
+            "response.reason_header",
+            "set by Envoy or by sluice",
+        ),
+        (
             r#"{"max_cas_retries":0}"#.into(),
             "max_cas_retries",
             "between 1 and 1000",

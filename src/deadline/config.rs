@@ -2,7 +2,7 @@
 //! little may be left for a request to be worth starting, and whether a
 //! wait in sluice is taken off the deadline sent upstream.
 
-use crate::config::fields::{err, header_name, millis, status, ConfigError};
+use crate::config::fields::{err, header_name, millis_or_zero, status, ConfigError};
 use serde::Deserialize;
 
 /// How a deadline header is written.
@@ -75,7 +75,7 @@ pub fn validate(raw: RawDeadlines) -> Result<DeadlineSpec, ConfigError> {
     }
     let min_remaining_ms = match raw.min_remaining {
         None => 0,
-        Some(t) => millis("deadlines.min_remaining".into(), Some(t), "1ms")?,
+        Some(t) => millis_or_zero("deadlines.min_remaining", t)?,
     };
     Ok(DeadlineSpec {
         headers,

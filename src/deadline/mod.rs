@@ -26,14 +26,29 @@ pub struct Deadline {
 
 impl Deadline {
     /// The header's value once `waited_ms` have passed here, in the format
-    /// it came in (`grpc-timeout` in milliseconds: `<n>m`).
+    /// it came in (`grpc-timeout` in milliseconds, `<n>m`, or in the finest
+    /// of seconds, minutes and hours that fits gRPC's 8 digits, rounded
+    /// down).
     pub fn reduced(&self, waited_ms: u64) -> String {
         let left = self.remaining_ms.saturating_sub(waited_ms);
         match self.format {
-            Format::GrpcTimeout => format!("{left}m"),
+            Format::GrpcTimeout => grpc_timeout(left),
             Format::Millis => left.to_string(),
         }
     }
+}
+
+/// `ms` as a `grpc-timeout` value: at most 8 digits (gRPC's limit, which
+/// `parse_grpc_timeout` holds incoming values to as well), in the finest
+/// unit that fits, rounded down.
+fn grpc_timeout(ms: u64) -> String {
+    const MAX: u64 = 99_999_999;
+    for (unit, per) in [("m", 1), ("S", 1_000), ("M", 60_000), ("H", 3_600_000)] {
+        if ms / per <= MAX {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{MAX}H")
 }
 
 /// The request headers a stream that waited `waited_ms` in sluice goes on

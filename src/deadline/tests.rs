@@ -80,6 +80,52 @@ fn a_queued_request_never_waits_past_its_deadline() {
 }
 
 #[test]
+fn min_remaining_may_be_written_as_its_default_zero() {
+    for zero in ["0s", "0ms", "0.0s"] {
+        let json = format!(r#"{{"deadlines":{{"min_remaining":"{zero}"}}}}"#);
+        assert_eq!(spec(&json).min_remaining_ms, 0, "{json}");
+    }
+    assert_eq!(
+        spec(r#"{"deadlines":{"min_remaining":"20ms"}}"#).min_remaining_ms,
+        20
+    );
+}
+
+#[test]
+fn a_reduced_grpc_timeout_keeps_to_eight_digits() {
+    let d = |ms| Deadline {
+        header: "grpc-timeout".into(),
+        format: Format::GrpcTimeout,
+        remaining_ms: ms,
+    };
+    // 99,999,999 ms fits in milliseconds; one more goes to seconds.
+    assert_eq!(d(99_999_999).reduced(0), "99999999m");
+    assert_eq!(d(100_000_000).reduced(0), "100000S");
+    // 30H less a 300 ms wait: 107,999,700 ms, rounded down to seconds.
+    assert_eq!(d(108_000_000).reduced(300), "107999S");
+    // 999,999 S (as the review sent it) less a 1.2 s wait.
+    assert_eq!(d(999_999_000).reduced(1_197), "999997S");
+    // Past 99,999,999 s: minutes, then hours; never more than 8 digits.
+    assert_eq!(d(100_000_000_000).reduced(0), "1666666M");
+    assert_eq!(d(u64::MAX).reduced(0), "99999999H");
+    for ms in [
+        0,
+        1,
+        99_999_999,
+        100_000_000,
+        6_000_000_000_000,
+        u64::MAX / 2,
+    ] {
+        let v = d(ms).reduced(0);
+        let digits = &v[..v.len() - 1];
+        assert!(digits.len() <= 8, "{ms}: {v}");
+        // What sluice sends, sluice reads back: no later than the budget.
+        let back = parse_grpc_timeout(&v).expect("parses");
+        assert!(back <= ms, "{ms}: {v} reads back as {back}");
+    }
+}
+
+#[test]
 fn bad_deadline_settings_are_refused_naming_the_field() {
     for (json, field) in [
         (r#"{"deadlines":{"headers":[]}}"#, "deadlines.headers"),
@@ -89,6 +135,10 @@ fn bad_deadline_settings_are_refused_naming_the_field() {
         ),
         (
             r#"{"deadlines":{"min_remaining":"soon"}}"#,
+            "deadlines.min_remaining",
+        ),
+        (
+            r#"{"deadlines":{"min_remaining":"0.5ms"}}"#,
             "deadlines.min_remaining",
         ),
         (r#"{"deadlines":{"status":302}}"#, "deadlines.status"),
