@@ -5,7 +5,9 @@ does not export, so every request saves the trips into the VM for body and
 trailer chunks. The Rust SDK exports every callback whether used or not.
 Kept: proxy_on_grpc_receive and proxy_on_grpc_close, through which the
 answers to global rules' calls to the rate-limit service arrive (Envoy
-calls them only for those calls, never per request).
+calls them only for those calls, never per request), and
+proxy_on_queue_ready, through which a worker with a new key wakes the VM
+that calls the service (only then, never per request).
 
 Usage: strip_exports.py FILE.wasm   (idempotent; standard library only)
 """
@@ -19,7 +21,7 @@ UNUSED = {
     "proxy_on_downstream_connection_close", "proxy_on_upstream_connection_close",
     "proxy_on_http_call_response", "proxy_on_grpc_receive_initial_metadata",
     "proxy_on_grpc_receive_trailing_metadata",
-    "proxy_on_foreign_function", "proxy_on_queue_ready",
+    "proxy_on_foreign_function",
     # Stream ends are handled when the SDK drops the context (proxy_on_delete);
     # without these exports Envoy skips two VM entries per request.
     "proxy_on_log", "proxy_on_done",

@@ -8,9 +8,10 @@ use super::stream::Stream;
 use super::views::now_ns;
 use crate::config;
 use crate::hash::FastMap;
-use crate::pipeline::{Call, Outcome, Pipeline, SLOW_TICK};
+use crate::pipeline::{Call, Outcome, Pipeline, Signal, SLOW_TICK};
 use crate::store::Store;
 use log::{error, info, warn};
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
 use std::rc::Rc;
@@ -22,6 +23,9 @@ pub struct Root {
     /// Calls out (global rules' token requests): Envoy's token to the
     /// pipeline's call id.
     calls: FastMap<u32, u64>,
+    /// Shared queues this VM wakes others through, by name (resolved on
+    /// first use: a queue exists once some VM listens on it).
+    queues: FastMap<String, u32>,
 }
 
 impl Context for Root {
@@ -48,9 +52,41 @@ impl Root {
     /// a call started here is answered here), then the rest.
     fn carry_out(&mut self, plugin: Rc<Plugin>, mut out: Outcome) {
         let calls = std::mem::take(&mut out.calls);
+        // Before the effects, which make their streams the effective
+        // context: a queue is listened on by the context that registers it.
+        for s in std::mem::take(&mut out.signals) {
+            self.signal(s);
+        }
         plugin.apply(out, None);
         for c in calls {
             self.start(&plugin, c);
+        }
+    }
+
+    /// Listens on a shared queue, or wakes the VM listening on one. Best
+    /// effort: what fails here is done on the next tick instead.
+    fn signal(&mut self, s: Signal) {
+        match s {
+            Signal::Listen(name) => {
+                if let Err(e) = hostcalls::register_shared_queue(&name) {
+                    log::debug!("sluice: could not listen on queue {name}: {e:?}");
+                }
+            }
+            Signal::Wake(name) => {
+                let token = match self.queues.get(&name) {
+                    Some(&t) => Some(t),
+                    None => vm_id()
+                        .and_then(|vm| hostcalls::resolve_shared_queue(&vm, &name).ok().flatten()),
+                };
+                let Some(token) = token else {
+                    return;
+                };
+                if hostcalls::enqueue_shared_queue(token, Some(b"w")).is_ok() {
+                    self.queues.insert(name, token);
+                } else {
+                    self.queues.remove(&name);
+                }
+            }
         }
     }
 
@@ -98,6 +134,12 @@ fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
     store.set(&key, &fresh, None).ok()?;
     // Read back: if another VM raced us, everyone ends up on the stored one.
     decode(&store.get(&key).ok()??.bytes)
+}
+
+/// This VM's `vm_id` (a queue is named within it).
+fn vm_id() -> Option<String> {
+    let bytes = hostcalls::get_property(vec!["plugin_vm_id"]).ok()??;
+    String::from_utf8(bytes).ok()
 }
 
 fn random_u64() -> u64 {
@@ -162,6 +204,21 @@ impl RootContext for Root {
             plugin.store_metrics.record(store::take_counts());
             store::age();
             super::metrics::flush();
+        }
+    }
+
+    /// Woken through a queue this VM listens on: everything queued is one
+    /// wake-up.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        for _ in 0..1024 {
+            if !matches!(hostcalls::dequeue_shared_queue(queue_id), Ok(Some(_))) {
+                break;
+            }
+        }
+        if let Some(plugin) = self.plugin.clone() {
+            if let Some(out) = plugin.call(|p, env| p.woken(env)) {
+                self.carry_out(plugin, out);
+            }
         }
     }
 

@@ -22,7 +22,7 @@ pub mod telemetry;
 #[cfg(test)]
 mod tests;
 
-pub use stage::{Call, Cx, Decision, Effect, Env, Stage, Step, StreamId};
+pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
 use crate::config::{Config, ConfigError, ResponseSpec};
 use crate::reply::Rejection;
@@ -79,6 +79,8 @@ pub struct Outcome {
     pub tick: Option<Duration>,
     /// Calls to start (asked for from a tick).
     pub calls: Vec<Call>,
+    /// Words to other VMs, in order.
+    pub signals: Vec<Signal>,
 }
 
 /// One configuration's pipeline, in one VM.
@@ -152,6 +154,7 @@ impl Pipeline {
     ) -> (R, Outcome) {
         let mut effects = Vec::new();
         let mut calls = Vec::new();
+        let mut signals = Vec::new();
         let mut cx = Cx {
             env,
             now_ns: None,
@@ -159,6 +162,7 @@ impl Pipeline {
             rng: &mut self.rng,
             effects: &mut effects,
             calls: &mut calls,
+            signals: &mut signals,
             tick_changed: false,
         };
         let r = f(&mut self.stages, &mut cx);
@@ -170,6 +174,7 @@ impl Pipeline {
                 effects,
                 tick,
                 calls,
+                signals,
             },
         )
     }
@@ -281,6 +286,14 @@ impl Pipeline {
     pub fn call_done(&mut self, env: &mut Env<'_>, id: u64, body: Option<&[u8]>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
             stages.iter_mut().for_each(|s| s.call_done(cx, id, body));
+        });
+        out
+    }
+
+    /// Another VM woke this one through a queue it listens on.
+    pub fn woken(&mut self, env: &mut Env<'_>) -> Outcome {
+        let ((), out) = self.with_cx(env, |stages, cx| {
+            stages.iter_mut().for_each(|s| s.woken(cx));
         });
         out
     }

@@ -56,6 +56,18 @@ pub struct Call {
     pub timeout_ms: u64,
 }
 
+/// A word between this Envoy's VMs through a proxy-wasm shared queue: an
+/// item put in a queue wakes the VM that listens on it, on its own
+/// thread, at once (see `Stage::woken`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signal {
+    /// This VM listens on the queue of this name from now on (the last VM
+    /// to listen on a name is the one woken).
+    Listen(String),
+    /// Wake the VM listening on the queue of this name, if any.
+    Wake(String),
+}
+
 /// A stage's decision on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -113,6 +125,8 @@ pub struct Cx<'a, 'e> {
     /// Calls out of the filter the host must start (from a tick only: the
     /// host starts them from the root context, which hears their end).
     pub calls: &'a mut Vec<Call>,
+    /// Words to other VMs (see [`Signal`]).
+    pub signals: &'a mut Vec<Signal>,
     /// Set by a stage whose need of the fast tick may have changed.
     pub tick_changed: bool,
 }
@@ -204,6 +218,10 @@ pub trait Stage {
     /// A call the stage asked for ended: `body` is the response, `None` on
     /// an error or timeout.
     fn call_done(&mut self, _cx: &mut Cx<'_, '_>, _id: u64, _body: Option<&[u8]>) {}
+
+    /// Another VM (or this one) woke this one through a queue it listens
+    /// on (see [`Signal`]).
+    fn woken(&mut self, _cx: &mut Cx<'_, '_>) {}
 
     /// Whether the stage needs the fast (1 ms) tick now.
     fn wants_fast_tick(&self) -> bool {

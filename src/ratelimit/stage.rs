@@ -10,7 +10,7 @@ use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Config, ConfigError, ResponseSpec};
 use crate::deadline::config::DeadlineSpec;
 use crate::duration::NS_PER_MS;
-use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
+use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
 use log::{info, warn};
@@ -365,6 +365,15 @@ impl Stage for RateLimits {
         }
     }
 
+    fn woken(&mut self, cx: &mut Cx<'_, '_>) {
+        if let Some(g) = self.global.as_mut() {
+            let now_ms = cx.now_ms();
+            let mut report = Report::default();
+            g.hurry(cx.store(), now_ms, &mut report);
+            self.apply(cx, report);
+        }
+    }
+
     fn close(&mut self, cx: &mut Cx<'_, '_>) {
         if let Some(g) = self.global.as_mut() {
             if g.is_leader() {
@@ -443,7 +452,11 @@ impl RateLimits {
             cx.add_now(self.leader_metric, if lead { 1 } else { -1 });
             if lead {
                 info!("sluice: this VM now speaks to the rate-limit service(s)");
+                cx.signals.push(Signal::Listen(g.queue.clone()));
             }
+        }
+        if report.wake {
+            cx.signals.push(Signal::Wake(g.queue.clone()));
         }
         for (gi, result) in report.results {
             if let Some(m) = self.global_metrics.get(gi) {

@@ -56,6 +56,8 @@ const SLOW_WORK_MS: u64 = 90;
 const FRESH_MS: u64 = 5_000;
 /// A starved key's demand is reported at most this often (ms).
 const FAST_REPORT_MS: u64 = 10;
+/// The span a first rate is measured over, for want of a tick before it.
+const FIRST_TICK_MS: u64 = 100;
 /// How soon a request refused for want of tokens (the key's pool is being
 /// filled; not over its limit) is told to come back.
 pub const STARVED_WAIT_NS: u64 = 1_000_000_000;
@@ -137,6 +139,10 @@ pub struct Report {
     pub modes: Vec<(usize, Mode)>,
     /// Breaker transitions: (service, new state).
     pub transitions: Vec<(usize, HealthState)>,
+    /// This VM reported starved demand and is not the leader: wake the
+    /// leader (through the shared queue it listens on, [`Coordinator::queue`])
+    /// so that it calls for the starved keys at once, not on its next tick.
+    pub wake: bool,
 }
 
 /// The leader's view of one key.
@@ -176,6 +182,10 @@ pub struct Coordinator {
     leader: bool,
     lease_key: String,
     want_key: String,
+    /// The name of the shared queue the leader listens on (see `hurry`).
+    pub queue: String,
+    /// When the leader last hurried (at most once a millisecond).
+    last_hurry_ms: u64,
     /// Demand noted by this VM since its last report, by (rule, key hash).
     local: FastMap<(u8, u64), Want>,
     keys: FastMap<(u8, u64), Key>,
@@ -192,6 +202,11 @@ pub struct Coordinator {
     /// Starved keys were noted since the last report.
     cold: bool,
     modes: Vec<Mode>,
+}
+
+/// The tag a key's pool is marked with, as `owners` keeps it.
+fn owner_tag(fingerprint: u64) -> u32 {
+    ((fingerprint >> 32) as u32) | 1
 }
 
 /// Keys by the time given with each, the oldest first (one sort for both
@@ -221,6 +236,8 @@ impl Coordinator {
             leader: false,
             lease_key: format!("sg{id:08x}/lease"),
             want_key: format!("sg{id:08x}/want"),
+            queue: format!("sg{id:08x}/hurry"),
+            last_hurry_ms: 0,
             local: FastMap::default(),
             keys: FastMap::default(),
             calls: FastMap::default(),
@@ -314,9 +331,16 @@ impl Coordinator {
         // Fast reports at most every FAST_REPORT_MS: each rewrites the
         // shared record.
         if slow || now_ms.saturating_sub(self.last_report_ms) >= FAST_REPORT_MS {
-            self.report_demand(store);
+            let cold = std::mem::take(&mut self.cold);
+            if self.report_demand(store) && cold {
+                // Starved keys: their calls now, not on the leader's next tick.
+                if self.leader {
+                    self.hurry(store, now_ms, &mut report);
+                } else {
+                    report.wake = true;
+                }
+            }
             self.last_report_ms = now_ms;
-            self.cold = false;
         }
         if !slow {
             return report;
@@ -334,16 +358,16 @@ impl Coordinator {
         report
     }
 
-    /// Adds this VM's demand to the shared record.
-    fn report_demand(&mut self, store: &dyn Store) {
+    /// Adds this VM's demand to the shared record; whether it did.
+    fn report_demand(&mut self, store: &dyn Store) -> bool {
         if self.local.is_empty() {
-            return;
+            return false;
         }
         for _ in 0..8 {
             let (mut merged, cas) = match store.get(&self.want_key) {
                 Ok(Some(e)) => (codec::decode_wants(&e.bytes).unwrap_or_default(), e.cas),
                 Ok(None) => (Vec::new(), None),
-                Err(_) => return,
+                Err(_) => return false,
             };
             let mut at: FastMap<(u8, u64), usize> = merged
                 .iter()
@@ -372,10 +396,55 @@ impl Coordinator {
                         })
                         .collect();
                     self.local = kept;
-                    return;
+                    return true;
                 }
                 Err(StoreError::CasMismatch) => continue,
-                Err(StoreError::Unavailable) => return,
+                Err(StoreError::Unavailable) => return false,
+            }
+        }
+        false
+    }
+
+    /// The leader, woken by a VM that reported starved demand (or by its
+    /// own report): takes the demand and calls at once for the keys never
+    /// called for yet, instead of on its next tick (up to 100 ms later).
+    /// Their rate is not known yet: it is taken as their demand so far
+    /// over one tick, as the first tick does. Nothing for a VM that is not
+    /// the leader (it lost the lease since it listened), and at most once
+    /// a millisecond.
+    pub fn hurry(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
+        if !self.leader || now_ms == self.last_hurry_ms {
+            return;
+        }
+        self.last_hurry_ms = now_ms;
+        self.take_demand(store, now_ms);
+        let new: Vec<(u8, u64)> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| k.last_call_ms == 0 && !k.inflight && now_ms >= k.blocked_until_ms)
+            .map(|(&id, _)| id)
+            .collect();
+        for (g, fp) in new {
+            if report.calls.len() >= MAX_CALLS_PER_TICK {
+                break;
+            }
+            let closed = self
+                .rules
+                .get(g as usize)
+                .and_then(|r| self.services.get(r.service))
+                .is_some_and(|s| s.health.state == HealthState::Closed);
+            let Some(k) = self.keys.get_mut(&(g, fp)) else {
+                continue;
+            };
+            if !closed {
+                continue;
+            }
+            if k.rate == 0.0 {
+                k.rate = k.pending as f64 * 1_000.0 / FIRST_TICK_MS as f64;
+            }
+            self.owners.insert((g, owner_tag(fp)), k.last_demand_ms);
+            if let Some(call) = self.plan(store, now_ms, g, fp, false) {
+                report.calls.push(call);
             }
         }
     }
@@ -452,7 +521,7 @@ impl Coordinator {
         self.owners = self
             .keys
             .iter()
-            .map(|(&(g, fp), k)| ((g, ((fp >> 32) as u32) | 1), k.last_demand_ms))
+            .map(|(&(g, fp), k)| ((g, owner_tag(fp)), k.last_demand_ms))
             .collect();
         self.update_rates(now_ms);
         self.forget_idle(store, now_ms, report);
@@ -509,7 +578,7 @@ impl Coordinator {
     /// Each key's rate: the demand since the last tick, smoothed.
     fn update_rates(&mut self, now_ms: u64) {
         let dt_ms = match self.last_tick_ms {
-            0 => 100,
+            0 => FIRST_TICK_MS,
             last => now_ms.saturating_sub(last).clamp(1, 10_000),
         };
         self.last_tick_ms = now_ms;

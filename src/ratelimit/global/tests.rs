@@ -565,10 +565,67 @@ fn a_starved_key_asks_for_a_fast_tick_that_only_reports_its_demand() {
     // Fast ticks report at most every 10 ms (each rewrites the record).
     assert_eq!(worker.tick(&store, T0 + 5), Report::default());
     assert!(worker.coord.wants_fast_tick());
-    assert_eq!(worker.tick(&store, T0 + 11), Report::default());
+    // The report of a starved key wakes the leader.
+    let woke = Report {
+        wake: true,
+        ..Report::default()
+    };
+    assert_eq!(worker.tick(&store, T0 + 11), woke);
     assert!(!worker.coord.wants_fast_tick());
     let r = leader.tick(&store, T0 + 100);
     assert_eq!(r.calls.len(), 1, "the leader asks for the starved key");
+}
+
+#[test]
+fn a_woken_leader_calls_at_once_for_new_keys_only() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    leader.tick(&store, T0);
+    worker.tick(&store, T0 + 1);
+    // Three requests of a new key, refused for want of tokens.
+    for _ in 0..3 {
+        assert_ne!(worker.request(&store, T0 + 20, "new"), Verdict::Allow);
+    }
+    assert!(worker.tick(&store, T0 + 21).wake);
+    // Woken (on its own thread, between its ticks): the call goes now,
+    // sized from the demand so far over one tick (3 in 100 ms: 30 a
+    // second, a second's lead), not left to the tick 100 ms later.
+    let mut r = Report::default();
+    leader.coord.hurry(&store, T0 + 22, &mut r);
+    assert_eq!(r.calls.len(), 1, "{r:?}");
+    assert_eq!(
+        hits_of(&r.calls[0]),
+        25,
+        "30 capped at half the share of 100"
+    );
+    // The answer fills the pool: the key's requests pass.
+    let call = r.calls.remove(0);
+    leader.answer(&store, T0 + 25, &call, Some(response(1, 75, 3_000)));
+    assert_eq!(worker.request(&store, T0 + 26, "new"), Verdict::Allow);
+    // A second wake-up calls for nothing: the key was called for (its
+    // refills are the tick's), and so was every other.
+    let mut again = Report::default();
+    leader.coord.hurry(&store, T0 + 30, &mut again);
+    assert!(again.calls.is_empty(), "{again:?}");
+    // A VM that is not the leader calls for nothing when woken.
+    assert_ne!(worker.request(&store, T0 + 40, "other"), Verdict::Allow);
+    worker.tick(&store, T0 + 41);
+    let mut not = Report::default();
+    worker.coord.hurry(&store, T0 + 42, &mut not);
+    assert!(not.calls.is_empty(), "{not:?}");
+    // The leader's own starved key is called for on its own fast report,
+    // with no wake-up.
+    assert_ne!(leader.request(&store, T0 + 50, "mine"), Verdict::Allow);
+    let own = leader.tick(&store, T0 + 51);
+    assert!(!own.wake, "{own:?}");
+    assert!(
+        own.calls
+            .iter()
+            .any(|c| c.message.windows(4).any(|w| w == b"mine")),
+        "{own:?}"
+    );
 }
 
 #[test]
