@@ -417,14 +417,9 @@ impl Coordinator {
             return;
         }
         self.last_hurry_ms = now_ms;
-        self.take_demand(store, now_ms);
-        let new: Vec<(u8, u64)> = self
-            .keys
-            .iter()
-            .filter(|(_, k)| k.last_call_ms == 0 && !k.inflight && now_ms >= k.blocked_until_ms)
-            .map(|(&id, _)| id)
-            .collect();
-        for (g, fp) in new {
+        // Only the keys this demand brings (not every key the leader
+        // knows: a wake-up must cost little however many keys there are).
+        for (g, fp) in self.take_demand(store, now_ms) {
             if report.calls.len() >= MAX_CALLS_PER_TICK {
                 break;
             }
@@ -436,7 +431,7 @@ impl Coordinator {
             let Some(k) = self.keys.get_mut(&(g, fp)) else {
                 continue;
             };
-            if !closed {
+            if !closed || k.last_call_ms != 0 || k.inflight || now_ms < k.blocked_until_ms {
                 continue;
             }
             if k.rate == 0.0 {
@@ -642,27 +637,30 @@ impl Coordinator {
     }
 
     /// Moves the shared demand record into the leader's keys.
-    fn take_demand(&mut self, store: &dyn Store, now_ms: u64) {
+    /// Takes the demand the VMs reported; the keys it was for.
+    fn take_demand(&mut self, store: &dyn Store, now_ms: u64) -> Vec<(u8, u64)> {
         for _ in 0..8 {
             let (wants, cas) = match store.get(&self.want_key) {
                 Ok(Some(e)) => (codec::decode_wants(&e.bytes).unwrap_or_default(), e.cas),
-                _ => return,
+                _ => return Vec::new(),
             };
             if wants.is_empty() {
-                return;
+                return Vec::new();
             }
             let (empty, _) = codec::encode_wants(std::iter::empty());
             match store.set(&self.want_key, &empty, cas) {
                 Ok(()) => {
+                    let ids = wants.iter().map(|w| (w.rule, w.fingerprint)).collect();
                     for w in wants {
                         self.add_demand(w, now_ms);
                     }
-                    return;
+                    return ids;
                 }
                 Err(StoreError::CasMismatch) => continue,
-                Err(StoreError::Unavailable) => return,
+                Err(StoreError::Unavailable) => return Vec::new(),
             }
         }
+        Vec::new()
     }
 
     fn add_demand(&mut self, w: Want, now_ms: u64) {
