@@ -276,6 +276,30 @@ def test_a_new_keys_first_tokens_come_without_waiting_for_the_leaders_tick():
         assert waits[-1] < 1000, waits
 
 
+def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
+    """`wait_for_tokens`: a request of a key whose first batch is being
+    fetched waits for it, about a round trip, instead of being refused:
+    every new key's first request is admitted, on either worker (a new
+    connection each), well within the wait."""
+    with RlsServer(limits(100_000)) as rls, Upstream() as up, \
+            replica(up, rls.port, plugin(100_000, instances=1, wait_for_tokens="300ms")) as e:
+        deadline = time.time() + 10
+        while e.stat(metric("sluice_global_leader", domain="global-test")) != 1:
+            assert time.time() < deadline, "no leader"
+            time.sleep(0.05)
+        get(e.port, "warm-up")  # the service's first call opens its connection
+        got = []
+        for k in range(20):
+            t = time.perf_counter()
+            status = get(e.port, f"first-{k}").status
+            got.append((status, (time.perf_counter() - t) * 1000))
+        print("status, ms of each new key's first request:", [(s, round(ms)) for s, ms in got])
+        assert [s for s, _ in got] == [200] * 20, got
+        assert max(ms for _, ms in got) < 300, got
+        # The demand was counted once per request, and a call made per key.
+        assert rls.stats()["calls"] >= 20
+
+
 def test_the_module_keeps_the_callbacks_its_calls_need():
     """The export stripping keeps proxy_on_grpc_receive and
     proxy_on_grpc_close: without them Envoy never hands the service's

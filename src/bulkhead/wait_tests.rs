@@ -142,6 +142,7 @@ fn fates(out: &Outcome) -> (Vec<u32>, Vec<(u32, u32)>) {
         match e {
             Effect::Resume { stream, .. } => on.push(*stream),
             Effect::Reply { stream, rejection } => answered.push((*stream, rejection.status)),
+            Effect::Again { stream } => panic!("a bulkhead never decides again ({stream})"),
         }
     }
     (on, answered)

@@ -175,6 +175,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         rule_config::validate,
         |r| &r.name,
     )?;
+    rule_config::check_waits(&rules)?;
     let breakers = items(
         "circuit_breakers",
         "breaker",

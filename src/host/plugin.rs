@@ -99,16 +99,16 @@ impl Plugin {
                                 Some(value),
                             );
                         }
-                        self.go_on(stream);
+                        self.go_on(stream, false);
                     } else {
-                        // The stream is gone: give back what it may hold.
-                        let out = match self.unpark(stream) {
-                            Some(mut state) => self.call(|p, env| p.end(env, &mut state)),
-                            None => self.call(|p, env| p.gone(env, stream)),
-                        };
-                        if let Some(out) = out {
-                            self.apply(out, None);
-                        }
+                        self.lost(stream);
+                    }
+                }
+                Effect::Again { stream } => {
+                    if hostcalls::set_effective_context(stream).is_ok() {
+                        self.go_on(stream, true);
+                    } else {
+                        self.lost(stream);
                     }
                 }
                 Effect::Reply { stream, rejection } => {
@@ -125,16 +125,33 @@ impl Plugin {
 }
 
 impl Plugin {
+    /// A paused stream that is gone: give back what it may hold.
+    fn lost(&self, stream: u32) {
+        let out = match self.unpark(stream) {
+            Some(mut state) => self.call(|p, env| p.end(env, &mut state)),
+            None => self.call(|p, env| p.gone(env, stream)),
+        };
+        if let Some(out) = out {
+            self.apply(out, None);
+        }
+    }
+
     /// A paused stream (now the effective context) was resumed by the stage
-    /// that paused it: the later stages decide on it, then it goes on, is
-    /// answered, or waits again.
-    fn go_on(&self, stream: u32) {
+    /// that paused it: the later stages decide on it (`again`: that stage
+    /// too), then it goes on, is answered, or waits again.
+    fn go_on(&self, stream: u32, again: bool) {
         let Some(mut state) = self.unpark(stream) else {
             let _ = hostcalls::resume_http_request();
             return;
         };
         let req = HostRequest::default();
-        let decided = self.call(|p, env| p.resume(env, &mut state, &req));
+        let decided = self.call(|p, env| {
+            if again {
+                p.again(env, &mut state, &req)
+            } else {
+                p.resume(env, &mut state, &req)
+            }
+        });
         // Parked until the stream's own next hook takes it back.
         self.park(stream, state);
         let Some((verdict, out)) = decided else {

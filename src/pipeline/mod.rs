@@ -227,6 +227,21 @@ impl Pipeline {
         })
     }
 
+    /// A stream paused by a stage is decided on again from that stage
+    /// (`Effect::Again`). A stream not paused goes on unchanged.
+    pub fn again(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        req: &dyn RequestView,
+    ) -> (Verdict, Outcome) {
+        let Some(at) = stream.paused_at.take() else {
+            return (Verdict::Continue, Outcome::default());
+        };
+        let arrived = stream.arrived_ms;
+        self.with_cx_since(env, arrived, |stages, cx| run(stages, cx, stream, req, at))
+    }
+
     /// The response headers: the stages holding something for the stream
     /// see them; returns the headers to add.
     pub fn response(

@@ -39,6 +39,11 @@ pub enum Effect {
         stream: StreamId,
         set_headers: Vec<(String, String)>,
     },
+    /// The paused stream is decided on again by the stage that paused it,
+    /// as on its arrival (what it waits for may have come: a global key's
+    /// first tokens): the host calls `Pipeline::again` for it and carries
+    /// out that verdict; a stream found gone, `Pipeline::gone`.
+    Again { stream: StreamId },
 }
 
 /// A call out of the filter (gRPC, unary) that a stage asks the host to

@@ -167,6 +167,7 @@ impl Sim {
                     self.shed_from_queue += 1;
                     (stream, Phase::Answered)
                 }
+                Effect::Again { stream } => panic!("no stage here decides again ({stream})"),
             };
             let s = &mut self.streams[id as usize];
             assert_eq!(

@@ -162,6 +162,27 @@ pub const MAX_DELAY_NS: u64 = 60 * 1_000_000_000;
 /// Largest accepted `max_delayed`.
 pub const MAX_DELAYED: i64 = 100_000;
 
+/// A global rule's `wait_for_tokens` holds a request inside the rate-limit
+/// stage, which a shaping rule in the same configuration does too, in a
+/// way of its own: the two are not combined.
+pub fn check_waits(rules: &[RuleSpec]) -> Result<(), ConfigError> {
+    if !rules.iter().any(|r| r.shaping.is_some()) {
+        return Ok(());
+    }
+    let waits = |r: &RuleSpec| {
+        r.global
+            .as_ref()
+            .is_some_and(|g| g.service.wait_for_tokens_ms > 0)
+    };
+    match rules.iter().position(waits) {
+        Some(i) => Err(err(
+            format!("rate_limits[{i}].global.wait_for_tokens"),
+            "does not apply while a rule of the configuration shapes (on_limit: delay)",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Validates rule `at` (`rate_limits[i]`).
 pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;

@@ -9,7 +9,7 @@ use super::shaping::{Held, HeldList};
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Config, ConfigError, ResponseSpec};
 use crate::deadline::config::DeadlineSpec;
-use crate::duration::NS_PER_MS;
+use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
@@ -31,6 +31,18 @@ struct RuleMetrics {
     delayed: Option<(MetricId, MetricId, MetricId)>,
 }
 
+/// A request refused only for want of a global key's tokens, waiting for
+/// them (`global.wait_for_tokens`): decided on again on every fast tick
+/// until admitted or `until_ns`.
+struct Waiting {
+    stream: StreamId,
+    until_ns: u64,
+}
+
+/// Requests that may wait for tokens on one worker at once; more are
+/// refused at once, as without `wait_for_tokens`.
+const MAX_WAITING: usize = 256;
+
 /// The rate-limit stage of one configuration.
 pub struct RateLimits {
     limiter: Limiter,
@@ -40,6 +52,8 @@ pub struct RateLimits {
     /// Whether any rule shapes (then requests may be held here).
     shaping: bool,
     held: HeldList,
+    /// Requests waiting for global keys' first tokens (`wait_for_tokens`).
+    waiting: Vec<Waiting>,
     /// Held requests never wait past their deadline, and go upstream with
     /// it reduced by the wait.
     deadlines: Option<DeadlineSpec>,
@@ -112,6 +126,7 @@ pub fn build(
         metrics,
         shaping,
         held: HeldList::new(config.rules.len()),
+        waiting: Vec::new(),
         deadlines: config.deadlines.clone(),
         global,
         global_of,
@@ -293,8 +308,18 @@ impl Stage for RateLimits {
             return self.shape(cx, stream, req, now);
         }
         let eval = self.limiter.evaluate(cx.store(), now, req);
+        let again = self.waiting.iter().position(|w| w.stream == stream);
+        if let Some(wait) = self.wait_for_tokens(cx, (stream, req), &eval, again, now) {
+            return wait;
+        }
+        if let Some(i) = again {
+            // Decided at last: its demand was noted when it arrived.
+            self.waiting.swap_remove(i);
+            cx.tick_changed = true;
+        } else {
+            self.note_demand(cx, &eval, req);
+        }
         self.record(cx, &eval);
-        self.note_demand(cx, &eval, req);
         self.answer(cx, &eval)
     }
 
@@ -310,6 +335,11 @@ impl Stage for RateLimits {
     }
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
+        // A client gone while it waited for tokens.
+        if let Some(i) = self.waiting.iter().position(|w| w.stream == stream) {
+            self.waiting.swap_remove(i);
+            cx.tick_changed = true;
+        }
         // A client gone before its turn gives its turn back.
         if let Some(h) = self.held.take(stream) {
             self.limiter.give_back(cx.store(), &h.reservations);
@@ -323,6 +353,17 @@ impl Stage for RateLimits {
             let now_ms = cx.now_ms();
             let report = g.tick(cx.store(), now_ms, cx.rng);
             self.apply(cx, report);
+        }
+        if !self.waiting.is_empty() {
+            let now = cx.now_ns();
+            // One the host no longer knows of (never decided again) is
+            // dropped a second past its time.
+            self.waiting
+                .retain(|w| now < w.until_ns.saturating_add(NS_PER_S));
+            for w in &self.waiting {
+                cx.effects.push(Effect::Again { stream: w.stream });
+            }
+            cx.tick_changed = true;
         }
         if self.held.is_empty() {
             return;
@@ -351,6 +392,7 @@ impl Stage for RateLimits {
 
     fn wants_fast_tick(&self) -> bool {
         !self.held.is_empty()
+            || !self.waiting.is_empty()
             || self
                 .global
                 .as_ref()
@@ -485,6 +527,73 @@ impl RateLimits {
 impl RateLimits {
     fn m(&self, rule: usize) -> RuleMetrics {
         self.metrics.get(rule).copied().unwrap_or_default()
+    }
+
+    /// `global.wait_for_tokens`: a request refused only because global
+    /// keys' pools are being filled waits for them (paused here, decided
+    /// on again on every fast tick: `again` is its place among the
+    /// waiting), up to the shortest `wait_for_tokens` of those rules and
+    /// what is left of its deadline, while this worker holds fewer than
+    /// `MAX_WAITING`. `None`: decide now.
+    fn wait_for_tokens(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        (stream, req): (StreamId, &dyn RequestView),
+        eval: &Evaluation,
+        again: Option<usize>,
+        now: u64,
+    ) -> Option<Decision> {
+        let wait_ns = self.tokens_wait(eval)?;
+        let until_ns = match again {
+            Some(i) => self.waiting.get(i)?.until_ns,
+            None if self.waiting.len() >= MAX_WAITING => return None,
+            None => {
+                let left_ns = match (&self.deadlines, cx.waited_ms()) {
+                    (Some(spec), waited) => crate::deadline::read(spec, req)
+                        .map_or(u64::MAX, |d| {
+                            spec.remaining_ms(&d, waited).saturating_mul(NS_PER_MS)
+                        }),
+                    (None, _) => u64::MAX,
+                };
+                now.saturating_add(wait_ns.min(left_ns))
+            }
+        };
+        if now >= until_ns {
+            return None;
+        }
+        if again.is_none() {
+            self.note_demand(cx, eval, req);
+            self.waiting.push(Waiting { stream, until_ns });
+            cx.tick_changed = true;
+        }
+        Some(Decision::of(Step::Pause, true))
+    }
+
+    /// How long a refused request may wait for tokens: the shortest
+    /// `wait_for_tokens` of the rules that refused it, if every one of
+    /// them is a global rule whose key's pool is being filled (not over
+    /// its limit, nor on its backstop) with `wait_for_tokens` set.
+    fn tokens_wait(&self, eval: &Evaluation) -> Option<u64> {
+        if eval.verdict == super::Verdict::Allow {
+            return None;
+        }
+        let g = self.global.as_ref()?;
+        let mut wait: Option<u64> = None;
+        for r in eval
+            .reports
+            .iter()
+            .filter(|r| r.result == RuleResult::Limited)
+        {
+            let gi = self.global_of.get(r.rule).copied().flatten()?;
+            let spec = self.limiter.rules.get(r.rule)?.spec.global.as_ref()?;
+            let ms = spec.service.wait_for_tokens_ms;
+            if ms == 0 || r.wait_ns != super::global::STARVED_WAIT_NS || g.mode(gi) != Mode::Service
+            {
+                return None;
+            }
+            wait = Some(wait.map_or(ms, |w: u64| w.min(ms)));
+        }
+        wait.map(|ms| ms.saturating_mul(NS_PER_MS))
     }
 
     /// Adds `by` to the held gauge of each rule holding `h`.

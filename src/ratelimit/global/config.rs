@@ -40,6 +40,11 @@ pub struct RawGlobal {
     /// instead of the local backstop.
     #[serde(default)]
     pub failure_mode_deny: bool,
+    /// How long a request of a key whose pool is being filled (a new key's
+    /// first batch) waits for it before it is refused (default 0s: refused
+    /// at once).
+    #[serde(default)]
+    pub wait_for_tokens: Option<String>,
     #[serde(default)]
     pub breaker: Option<Strict<RawServiceBreaker>>,
 }
@@ -69,6 +74,9 @@ pub struct GlobalSpec {
     pub failure_mode_deny: bool,
     pub failures: u32,
     pub cooldown_ms: u64,
+    /// How long a request of a key being filled waits for its tokens (0:
+    /// refused at once).
+    pub wait_for_tokens_ms: u64,
 }
 
 impl Eq for GlobalSpec {}
@@ -124,6 +132,16 @@ pub fn validate(at: &str, raw: RawGlobal, key: &[KeyPart]) -> Result<GlobalSpec,
             "must be between 100ms and 1h",
         ));
     }
+    let wait_for_tokens_ms = match raw.wait_for_tokens {
+        None => 0,
+        Some(t) => crate::config::fields::millis_or_zero(&format!("{at}.wait_for_tokens"), t)?,
+    };
+    if wait_for_tokens_ms > 1_000 {
+        return Err(err(
+            format!("{at}.wait_for_tokens"),
+            "must be at most 1s (a request waits for a key's first tokens, a round trip to the service)",
+        ));
+    }
     Ok(GlobalSpec {
         cluster,
         domain: raw.domain,
@@ -135,6 +153,7 @@ pub fn validate(at: &str, raw: RawGlobal, key: &[KeyPart]) -> Result<GlobalSpec,
         failure_mode_deny: raw.failure_mode_deny,
         failures,
         cooldown_ms,
+        wait_for_tokens_ms,
     })
 }
 

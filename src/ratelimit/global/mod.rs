@@ -30,6 +30,8 @@ pub mod proto;
 mod scenario_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wait_tests;
 
 use crate::config::fields::StateId;
 use crate::hash::FastMap;
