@@ -2,9 +2,13 @@
 //! requests waiting on all workers, and each waiting worker's best waiter
 //! (its claim), which keeps the queue's order global across workers.
 //!
-//! Layout (little-endian): in flight (8 bytes), waiting (8), then one
-//! 21-byte claim per waiting worker (class, since, worker tag, seen), sorted
-//! best first. Anything else decodes as corrupt and is never trusted.
+//! Layout (little-endian): in flight (8 bytes), waiting (8), admissions
+//! ever (8, wrapping; `shed_early` reads its rate off it), with shares the
+//! turn of the last admission of each class (3 x 8), then one
+//! 51-byte claim per waiting worker (class, since, worker tag, seen, and
+//! by class the worker's waiters and its newest waiter's turn), sorted
+//! best first. Anything else
+//! decodes as corrupt and is never trusted.
 
 use super::config::Class;
 use crate::codec::Reader;
@@ -19,6 +23,13 @@ pub struct Claim {
     /// When its worker last wrote it: a claim not rewritten for
     /// [`CLAIM_TTL_MS`] is dead (see `Shared`).
     pub seen_ms: u64,
+    /// How many wait on its worker, by class (`Class as usize`).
+    pub counts: [u16; 3],
+    /// With shares, the turn of the newest waiter of each class on its
+    /// worker (0: none): a class's next turn comes one step after its
+    /// newest on any worker, so that a class waiting on several workers
+    /// gets no more turns than one waiting on a single worker.
+    pub newest: [u64; 3],
 }
 
 impl Claim {
@@ -64,6 +75,13 @@ impl Claim {
 pub struct Shared {
     pub inflight: u64,
     pub waiting: u64,
+    /// Admissions so far, direct and from the queue, on every worker
+    /// (wrapping): `shed_early`'s rate.
+    pub admitted: u64,
+    /// With shares, the turn of the last waiter of each class admitted on
+    /// any worker (`Class as usize`; 0: none): a class's next turn comes
+    /// after it, whichever worker it arrives on.
+    pub last: [u64; 3],
     /// Sorted by `Claim::order` (with shares: by turn, then worker), one
     /// per worker.
     pub claims: Vec<Claim>,
@@ -77,25 +95,39 @@ pub const CLAIM_TTL_MS: u64 = 50;
 /// Claims kept in a shared entry, at most (see `Shared`).
 pub const MAX_CLAIMS: usize = 64;
 
-/// Encoded size of one claim: class, since, worker, seen.
-const CLAIM_LEN: usize = 21;
+/// Encoded size of the counters before the claims.
+pub const HEADER_LEN: usize = 48;
+
+/// Encoded size of one claim: class, since, worker, seen, counts, newest.
+const CLAIM_LEN: usize = 51;
 
 pub fn encode_shared(v: &Shared) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + CLAIM_LEN * v.claims.len());
+    let mut out = Vec::with_capacity(HEADER_LEN + CLAIM_LEN * v.claims.len());
     out.extend_from_slice(&v.inflight.to_le_bytes());
     out.extend_from_slice(&v.waiting.to_le_bytes());
+    out.extend_from_slice(&v.admitted.to_le_bytes());
+    for t in v.last {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
     for c in &v.claims {
         out.push(c.class as u8);
         out.extend_from_slice(&c.since_ms.to_le_bytes());
         out.extend_from_slice(&c.worker.to_le_bytes());
         out.extend_from_slice(&c.seen_ms.to_le_bytes());
+        for n in c.counts {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for t in c.newest {
+            out.extend_from_slice(&t.to_le_bytes());
+        }
     }
     out
 }
 
 pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
     let mut r = Reader(bytes);
-    let (inflight, waiting) = (r.u64().ok()?, r.u64().ok()?);
+    let (inflight, waiting, admitted) = (r.u64().ok()?, r.u64().ok()?, r.u64().ok()?);
+    let last = [r.u64().ok()?, r.u64().ok()?, r.u64().ok()?];
     if r.0.len() % CLAIM_LEN != 0 || r.0.len() / CLAIM_LEN > MAX_CLAIMS {
         return None;
     }
@@ -109,6 +141,8 @@ pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
             since_ms: r.u64().ok()?,
             worker: r.u32().ok()?,
             seen_ms: r.u64().ok()?,
+            counts: [r.u16().ok()?, r.u16().ok()?, r.u16().ok()?],
+            newest: [r.u64().ok()?, r.u64().ok()?, r.u64().ok()?],
         });
     }
     // Written sorted, by `Claim::order` (or, for a shedder with shares, by
@@ -127,6 +161,8 @@ pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
     Some(Shared {
         inflight,
         waiting,
+        admitted,
+        last,
         claims,
     })
 }

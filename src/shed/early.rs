@@ -1,19 +1,27 @@
 //! `concurrency.shed_early`: the wait an arrival can expect, from its place
-//! in line and the rate at which this worker admitted requests lately
-//! (Little's law), so that one that would wait past its limit is shed at
-//! once instead of waiting the limit out first.
+//! in line and the rate at which the shedder admitted requests lately on
+//! every worker (Little's law), so that one that would wait past its limit
+//! is shed at once instead of waiting the limit out first.
+//!
+//! The rate is read off the shared entry's count of admissions (every
+//! worker's, direct and from the queue), which each worker sees whenever it
+//! reads the entry: a worker that admitted little itself judges by the
+//! same rate as the others, so it is not held to what it got before.
 
-/// Admissions (direct and from the queue) on this worker, counted over two
-/// windows: the one running and the one before it.
+/// The shared admissions count as this worker saw it, over two windows:
+/// the one running and the one before it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rate {
-    /// When the running window started (ms).
+    /// When the running window started (ms), and the count then.
     start_ms: u64,
-    /// Admissions in the running window.
-    count: u64,
-    /// Admissions in the window before, and its length (0: none yet).
-    prev_count: u64,
-    prev_len_ms: u64,
+    start_count: u64,
+    /// The window before: when it started and the count then (`None`: no
+    /// full window seen yet, or it ended more than a window ago).
+    prev: Option<(u64, u64)>,
+    /// The latest count seen.
+    last: u64,
+    /// Whether any count was seen.
+    seen: bool,
 }
 
 impl Rate {
@@ -25,25 +33,28 @@ impl Rate {
     }
 
     /// Starts a new window once the running one is `window_ms` old; a
-    /// window that ended more than a window ago counts as empty.
+    /// window that ended more than a window ago counts as nothing to go by.
     fn roll(&mut self, now_ms: u64, window_ms: u64) {
         let age = now_ms.saturating_sub(self.start_ms);
         if age < window_ms {
             return;
         }
-        self.prev_count = if age < 2 * window_ms { self.count } else { 0 };
-        self.prev_len_ms = window_ms;
-        self.count = 0;
+        self.prev = (age < 2 * window_ms && self.seen).then_some((self.start_ms, self.start_count));
         self.start_ms = now_ms;
+        self.start_count = self.last;
     }
 
-    /// A request was admitted at `now_ms`.
-    pub fn admitted(&mut self, now_ms: u64, window_ms: u64) {
+    /// The shared entry said `count` admissions at `now_ms`.
+    pub fn saw(&mut self, now_ms: u64, count: u64, window_ms: u64) {
+        if !self.seen {
+            self.seen = true;
+            self.start_count = count;
+        }
         self.roll(now_ms, window_ms);
-        self.count = self.count.saturating_add(1);
+        self.last = count;
     }
 
-    /// The wait (ms) of an arrival that `needs` admissions here, its own
+    /// The wait (ms) of an arrival that `needs` admissions, its own
     /// included, before it is admitted: that many at the rate of the last
     /// one to two windows. `None` while there is no full window to go by
     /// yet, or no admission in it (the arrival then waits, as without
@@ -51,14 +62,11 @@ impl Rate {
     /// wait would be, as with an upstream slower than two windows).
     pub fn expected_wait_ms(&mut self, now_ms: u64, window_ms: u64, needs: u64) -> Option<u64> {
         self.roll(now_ms, window_ms);
-        if self.prev_len_ms == 0 {
-            return None;
-        }
-        let span = self
-            .prev_len_ms
-            .saturating_add(now_ms.saturating_sub(self.start_ms));
-        let n = self.prev_count.saturating_add(self.count);
-        if n == 0 {
+        let (since_ms, count) = self.prev?;
+        let span = now_ms.saturating_sub(since_ms);
+        let n = self.last.wrapping_sub(count);
+        // A count gone back (the entry rebuilt) says nothing either.
+        if n == 0 || n > u64::MAX / 2 {
             return None;
         }
         Some(needs.saturating_mul(span) / n)
@@ -74,23 +82,24 @@ mod tests {
     #[test]
     fn no_estimate_before_a_full_window() {
         let mut r = Rate::new(1_000);
-        r.admitted(1_010, 100);
+        r.saw(1_010, 5, 100);
+        r.saw(1_050, 9, 100);
         assert_eq!(r.expected_wait_ms(1_050, 100, 6), None);
     }
 
     #[test]
     fn the_wait_is_the_place_in_line_over_the_rate() {
         let mut r = Rate::new(0);
-        // 10 admissions per 100 ms: one every 10 ms.
-        for i in 0..10 {
-            r.admitted(i * 10, 100);
+        // 10 admissions per 100 ms (on all workers): one every 10 ms.
+        for i in 0..=10 {
+            r.saw(i * 10, 1_000 + i, 100);
         }
-        // At 100 the window rolls: 10 in the last 100 ms.
+        // At 100 the window rolled: 10 in the 100 ms since.
         assert_eq!(r.expected_wait_ms(100, 100, 1), Some(10));
         assert_eq!(r.expected_wait_ms(100, 100, 5), Some(50));
         // Halfway through the next window, 5 more: 15 in 150 ms.
-        for i in 0..5 {
-            r.admitted(100 + i * 10, 100);
+        for i in 11..=15 {
+            r.saw(i * 10, 1_000 + i, 100);
         }
         assert_eq!(r.expected_wait_ms(150, 100, 3), Some(30));
     }
@@ -98,25 +107,39 @@ mod tests {
     #[test]
     fn no_admission_lately_is_no_estimate() {
         let mut r = Rate::new(0);
-        r.admitted(5, 100);
-        // Two windows later with nothing admitted since: nothing to go by
-        // (an upstream slower than two windows, or a worker that got no
-        // traffic), not an endless wait.
-        assert_eq!(r.expected_wait_ms(250, 100, 1), None);
+        r.saw(5, 7, 100);
+        r.saw(120, 8, 100);
+        // Two windows later with nothing seen since: nothing to go by (an
+        // upstream slower than two windows), not an endless wait.
+        assert_eq!(r.expected_wait_ms(350, 100, 1), None);
+        // Nor with a count that did not move.
+        r.saw(460, 8, 100);
+        r.saw(560, 8, 100);
+        assert_eq!(r.expected_wait_ms(570, 100, 1), None);
         // The rate comes back with admissions.
-        for t in 250..260 {
-            r.admitted(t, 100);
+        for t in 570..580 {
+            r.saw(t, 8 + t - 569, 100);
         }
-        assert!(r.expected_wait_ms(360, 100, 1).is_some_and(|w| w <= 20));
+        r.saw(670, 20, 100);
+        assert!(r.expected_wait_ms(680, 100, 1).is_some_and(|w| w <= 20));
+    }
+
+    #[test]
+    fn a_count_that_goes_back_is_no_estimate() {
+        let mut r = Rate::new(0);
+        r.saw(0, 500, 100);
+        r.saw(100, 520, 100);
+        r.saw(150, 3, 100); // the entry was rebuilt
+        assert_eq!(r.expected_wait_ms(150, 100, 1), None);
     }
 
     #[test]
     fn a_slower_upstream_means_longer_waits() {
         let mut fast = Rate::new(0);
         let mut slow = Rate::new(0);
-        for i in 0..40 {
-            fast.admitted(i * 5, 100);
-            slow.admitted(i * 20, 100);
+        for i in 0..=40 {
+            fast.saw(i * 5, i, 100);
+            slow.saw(i * 20, i, 100);
         }
         let f = fast.expected_wait_ms(200, 100, 4);
         let s = slow.expected_wait_ms(800, 100, 4);

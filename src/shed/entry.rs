@@ -35,6 +35,14 @@ pub fn lease_cap(max: u64) -> u64 {
     }
 }
 
+/// Whether claim `c` is another worker's than `me`'s and live at `now`
+/// (rewritten lately, and not dated ahead).
+pub fn live(c: &Claim, me: u32, now: u64) -> bool {
+    c.worker != me
+        && c.seen_ms.saturating_add(CLAIM_TTL_MS) >= now
+        && c.seen_ms <= now.saturating_add(CLAIM_TTL_MS)
+}
+
 /// One op on the entry, with what it needs to know of this worker.
 #[derive(Debug, Clone, Copy)]
 pub struct Change {
@@ -75,12 +83,9 @@ impl Change {
         matches!(self.op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue)
     }
 
-    /// Whether another worker's claim `c` is live (rewritten lately, and
-    /// not dated ahead).
+    /// Whether another worker's claim `c` is live (see [`live`]).
     pub fn live(&self, c: &Claim) -> bool {
-        c.worker != self.me
-            && c.seen_ms.saturating_add(CLAIM_TTL_MS) >= self.now
-            && c.seen_ms <= self.now.saturating_add(CLAIM_TTL_MS)
+        live(c, self.me, self.now)
     }
 
     /// Whether claim `a`'s waiter goes before `b`'s.
@@ -114,6 +119,20 @@ impl Change {
 
     /// The entry after an op: the counts, the other (live) claims, and ours.
     fn write(&self, old: &Shared, inflight: u64, waiting: u64, mine: Option<Claim>) -> Shared {
+        let admitted = match self.op {
+            Op::Direct | Op::Admit if inflight > old.inflight => old.admitted.wrapping_add(1),
+            _ => old.admitted,
+        };
+        // With shares, a waiter admitted is its class's last turn (a
+        // claim's `since_ms` is its waiter's turn).
+        let mut last = old.last;
+        if let (Op::Admit, true, true, Some(h)) =
+            (self.op, self.by_age, inflight > old.inflight, self.head)
+        {
+            if let Some(t) = last.get_mut(h.class as usize) {
+                *t = (*t).max(h.since_ms);
+            }
+        }
         let mut claims = Vec::new();
         if waiting > 0 {
             // Kept sorted: the others' stay in order, ours goes in its place.
@@ -135,6 +154,8 @@ impl Change {
         Shared {
             inflight,
             waiting,
+            admitted,
+            last,
             claims,
         }
     }

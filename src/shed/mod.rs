@@ -135,8 +135,41 @@ struct Local {
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
-    /// Admissions here lately (for `shed_early`).
+    /// The shared count of admissions (every worker's) as this worker saw
+    /// it lately (for `shed_early`).
     rate: Rate,
+    /// The other workers' waiters, as their claims said when this worker
+    /// last read the entry (shares: see `turn_of` and `places`).
+    elsewhere: Elsewhere,
+}
+
+/// What the shared entry says of the other workers' waiters, by class
+/// (`Class as usize`): how many and the newest one's turn (0: none), from
+/// their live claims; and, with shares, the turn of the class's last
+/// admission on any worker.
+#[derive(Debug, Clone, Copy, Default)]
+struct Elsewhere {
+    counts: [u64; 3],
+    newest: [u64; 3],
+    last: [u64; 3],
+}
+
+impl Elsewhere {
+    fn of(entry: &Shared, live: impl Fn(&Claim) -> bool) -> Self {
+        let mut e = Elsewhere {
+            last: entry.last,
+            ..Elsewhere::default()
+        };
+        for c in entry.claims.iter().filter(|c| live(c)) {
+            for (n, m) in e.counts.iter_mut().zip(c.counts) {
+                *n += u64::from(m);
+            }
+            for (t, u) in e.newest.iter_mut().zip(c.newest) {
+                *t = (*t).max(u);
+            }
+        }
+        e
+    }
 }
 
 /// All shedders of one configuration, in one worker.
@@ -197,10 +230,12 @@ impl Shedders {
     pub fn new(config: &Config, now_ms: u64, worker: u32) -> Result<Self, ConfigError> {
         let mut rules: Vec<Shedder> = Vec::new();
         for (i, spec) in config.shedders.iter().enumerate() {
-            // `/q2`: the entry with claims. An older sluice (16 bytes,
-            // `/inflight`) sharing the VM id while it drains keeps its own.
+            // `/q3`: the entry with claims that count their worker's
+            // waiters. An older sluice (`/q2`: claims without counts;
+            // `/inflight`: 16 bytes) sharing the VM id while it drains
+            // keeps its own.
             let id = table_id(&config.domain, spec);
-            let inflight_key = format!("sh{id:08x}/q2");
+            let inflight_key = format!("sh{id:08x}/q3");
             let auto_key = spec
                 .concurrency
                 .as_ref()
@@ -240,6 +275,7 @@ impl Shedders {
                     .map(|a| Auto::new(&a, now_ms)),
                 clocks: Clocks::default(),
                 rate: Rate::new(now_ms),
+                elsewhere: Elsewhere::default(),
             })
             .collect();
         Ok(Shedders {
@@ -419,11 +455,27 @@ impl Shedders {
         let Some(l) = self.local.get(s) else {
             return (None, None);
         };
+        let counts = l
+            .queues
+            .each_ref()
+            .map(|q| u16::try_from(q.len()).unwrap_or(u16::MAX));
+        // By class, the class's last turn here as `Clocks::next` counts
+        // it: its newest waiter's, or its last admission's.
+        let now = self.now_ms;
+        let mut class = 0;
+        let newest = l.queues.each_ref().map(|q| {
+            let waiting = q.iter().map(|w| w.turn_ms).max();
+            let last = waiting.max(l.clocks.admitted(class, now)).unwrap_or(0);
+            class += 1;
+            last
+        });
         let claim = |w: &Waiter| Claim {
             class: w.class,
             since_ms: w.turn_ms,
             worker: self.worker,
             seen_ms: self.now_ms,
+            counts,
+            newest,
         };
         if self.shares(s).is_none() {
             let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
@@ -486,7 +538,19 @@ impl Shedders {
         let key = rule.inflight_key.clone();
         // This worker's best waiter now, and once the op is done.
         let (head, second) = self.heads(s);
-        let after_admit = self.best_after_admit(s, head, second);
+        let after_admit = self.best_after_admit(s, head, second).map(|mut c| {
+            // Its counts once the head is admitted, and its class's
+            // last turn (with shares, a claim's `since_ms` is its turn).
+            if let Some(h) = head {
+                if let Some(n) = c.counts.get_mut(h.class as usize) {
+                    *n = n.saturating_sub(1);
+                }
+                if let Some(t) = c.newest.get_mut(h.class as usize) {
+                    *t = (*t).max(h.since_ms);
+                }
+            }
+            c
+        });
         let change = Change {
             op,
             by_age: self.shares(s).is_some(),
@@ -503,9 +567,13 @@ impl Shedders {
         // When the oldest waiter another worker claims arrived.
         let mut oldest_other: Option<u64> = None;
         let mut peak = 0;
+        let mut seen = Elsewhere::default();
+        let mut count = None;
         let granted = update(store, &key, self.max_retries, |found| {
             let old = found_entry(found, failures);
             peak = peak.max(old.inflight);
+            seen = Elsewhere::of(&old, |c| change.live(c));
+            count = Some(old.admitted);
             refusal = false;
             oldest_other = old
                 .claims
@@ -522,6 +590,17 @@ impl Shedders {
                 Applied::Done(next, granted) => Update::Write(encode_shared(&next), Some(granted)),
             }
         });
+        // Only ops that come with the time (see `Change::timely`) date
+        // a count of admissions.
+        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
+        let (early, window_ms) = self.early(s);
+        // What the entry said, if it was read.
+        if let (Some(l), Some(n)) = (self.local.get_mut(s), count) {
+            l.elsewhere = seen;
+            if early && timely {
+                l.rate.saw(self.now_ms, n, window_ms);
+            }
+        }
         let granted = match granted {
             // A refusal whose claim could not be written is still a
             // refusal, not store trouble (which would let a waiter in
@@ -675,11 +754,16 @@ impl Shedders {
         let ahead = self.local.get(s).map_or(0, |l| {
             l.queues.iter().skip(skip).map(VecDeque::len).sum::<usize>()
         });
-        let turn_ms = self.turn_of(s, class, now_ms);
+        if ahead > 0 && shares {
+            self.look(store, s, now_ms);
+        }
+        let mut turn_ms = self.turn_of(s, class, now_ms);
         if ahead == 0 {
             if let Some(admitted) = self.admit_at_once(store, now_ms, s, (class, turn_ms)) {
                 return admitted;
             }
+            // Its op read the entry: the turn by what it said.
+            turn_ms = self.turn_of(s, class, now_ms);
         }
         let places = if conc.shed_early {
             self.places(s, class, turn_ms, now_ms)
@@ -701,59 +785,108 @@ impl Shedders {
         self.enqueue(store, s, waiter, &conc)
     }
 
+    /// With shares, before an arrival on a worker that has waiters takes
+    /// its turn (no op of its own has read the entry then): reads the
+    /// other workers' claims afresh, so that its class's next turn follows
+    /// their newest (a view some arrivals old gives two workers the same
+    /// turns, and a class waiting on both more than its share).
+    fn look(&mut self, store: &dyn Store, s: usize, now_ms: u64) {
+        let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get_mut(s)) else {
+            return;
+        };
+        let me = self.worker;
+        let early = rule.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
+        if let Ok(Some(e)) = store.get(&rule.inflight_key) {
+            if let Some(entry) = decode_shared(&e.bytes) {
+                l.elsewhere = Elsewhere::of(&entry, |c| entry::live(c, me, now_ms));
+                if early {
+                    l.rate.saw(now_ms, entry.admitted, rule.spec.interval_ms);
+                }
+            }
+        }
+    }
+
+    /// Whether shedder `s` sheds early, and its interval (ms).
+    fn early(&self, s: usize) -> (bool, u64) {
+        self.rules.get(s).map_or((false, 0), |r| {
+            let early = r.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
+            (early, r.spec.interval_ms)
+        })
+    }
+
     /// The turn of an arrival of `class` (with shares; else `now_ms`).
     fn turn_of(&self, s: usize, class: Class, now_ms: u64) -> u64 {
         let (Some(sh), Some(l)) = (self.shares(s), self.local.get(s)) else {
             return now_ms;
         };
-        let newest = l
+        // One step after the class's newest waiter on any worker (as this
+        // worker last read the others' claims): a class waiting on two
+        // workers gets one sequence of turns, not one on each.
+        let here = l
             .queues
             .get(class as usize)
             .and_then(|q| q.back())
             .map(|w| w.turn_ms);
-        l.clocks.next(sh, class as usize, now_ms, newest)
+        let c = class as usize;
+        let base = l.clocks.base(now_ms);
+        let waiting = l.elsewhere.newest.get(c).copied().filter(|&t| t > 0);
+        // And after its last admission on any worker, counted up to the
+        // turn being served, as `Clocks::next` counts this worker's own.
+        let admitted = l
+            .elsewhere
+            .last
+            .get(c)
+            .copied()
+            .filter(|&t| t > 0)
+            .map(|t| t.min(base));
+        l.clocks
+            .next(sh, c, now_ms, here.max(waiting).max(admitted))
     }
 
-    /// `shed_early`: how many admissions an arrival of `class` with `turn`
-    /// waits for, its own included: the more of the waiters here that go
-    /// before it and, with shares, the turns between the turn being served
-    /// and its own of every class waiting here (its own included), which
-    /// counts the waiters still to come that will go first.
+    /// `shed_early`: how many admissions, on every worker, an arrival of
+    /// `class` with `turn` waits for, its own included: the waiters that go
+    /// before it (here, and on the other workers as their claims count
+    /// them) or, with shares, the more of those here and of the turns
+    /// between the turn being served and its own of every class waiting
+    /// anywhere (its own included), which counts the waiters still to come
+    /// that will go first.
     fn places(&self, s: usize, class: Class, turn: u64, now_ms: u64) -> u64 {
         let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get(s)) else {
             return 1;
         };
         let me = by_turn(turn, class);
-        // Under LIFO while overloaded, an arrival goes before the older
-        // waiters of its class.
-        let skip = class as usize + usize::from(rule.spec.lifo && l.codel.overloaded);
-        let before = match rule.spec.shares {
-            Some(_) => l
-                .queues
-                .iter()
-                .flatten()
-                .filter(|w| by_turn(w.turn_ms, w.class) < me)
-                .count(),
-            None => l.queues.iter().skip(skip).map(VecDeque::len).sum(),
-        } as u64;
-        let turns = match rule.spec.shares {
+        let count = |c: usize| {
+            l.queues.get(c).map_or(0, |q| q.len() as u64)
+                + l.elsewhere.counts.get(c).copied().unwrap_or(0)
+        };
+        let ahead = match rule.spec.shares {
             // A share-0 turn is not a place in line: it goes when nobody
             // else waits.
             Some(sh) if sh.get(class as usize).is_some_and(|&x| x > 0) => {
+                let here = l
+                    .queues
+                    .iter()
+                    .flatten()
+                    .filter(|w| by_turn(w.turn_ms, w.class) < me)
+                    .count() as u64;
                 let gap = turn.saturating_sub(l.clocks.base(now_ms));
                 let waiting: u64 = (0..3)
-                    .filter(|&c| {
-                        c == class as usize || l.queues.get(c).is_some_and(|q| !q.is_empty())
-                    })
+                    .filter(|&c| c == class as usize || count(c) > 0)
                     .map(|c| u64::from(sh.get(c).copied().unwrap_or(0)))
                     .sum();
                 // `gap / step` per class, rounded once, to the nearest
                 // (per class, 35 x 2,857 is 99,995: one turn short).
-                gap.saturating_mul(waiting).saturating_add(SCALE / 2) / SCALE
+                here.max(gap.saturating_mul(waiting).saturating_add(SCALE / 2) / SCALE)
             }
-            _ => 0,
+            Some(_) => l.queues.iter().flatten().count() as u64,
+            // Under LIFO while overloaded, an arrival goes before the
+            // older waiters of its class.
+            None => {
+                let skip = class as usize + usize::from(rule.spec.lifo && l.codel.overloaded);
+                (skip..3).map(count).sum()
+            }
         };
-        before.max(turns).saturating_add(1)
+        ahead.saturating_add(1)
     }
 
     /// `shed_early`: whether an arrival with `places` admissions to wait
@@ -829,12 +962,7 @@ impl Shedders {
             return;
         };
         let shares = rule.spec.shares.is_some();
-        let early = rule.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
-        let window_ms = rule.spec.interval_ms;
         if let Some(l) = self.local.get_mut(s) {
-            if early {
-                l.rate.admitted(now_ms, window_ms);
-            }
             match (shares, queued) {
                 (false, _) => {}
                 (true, true) => l.clocks.served(class as usize, turn, now_ms),

@@ -59,6 +59,17 @@ impl Clocks {
         }
     }
 
+    /// The turn of the last request of `class` admitted here, as `next`
+    /// counts it (no later than the turn being served).
+    pub fn admitted(&self, class: usize, now_ms: u64) -> Option<u64> {
+        let base = self.base(now_ms);
+        self.admitted
+            .get(class)
+            .copied()
+            .flatten()
+            .map(|t| t.min(base))
+    }
+
     /// A waiter of `class` with `turn` was admitted here from the queue:
     /// new turns start at it, and its class's next one step after it. A
     /// share-0 turn (far ahead of any other) moves nothing: it would put

@@ -429,6 +429,8 @@ fn a_live_worker_keeps_its_claim_alive_and_a_claim_dated_ahead_is_dead() {
         since_ms: 0,
         worker: u32::MAX, // no test worker's tag
         seen_ms: T0 + 10_000,
+        counts: [0, 0, 1],
+        newest: [0, 0, 0],
     }];
     store.raw_set(&b.rules[0].inflight_key, &encode_shared(&v));
     b.release(&store, 0);
@@ -466,31 +468,35 @@ fn the_shared_entry_round_trips_and_rejects_what_does_not_decode() {
         since_ms: T0,
         worker,
         seen_ms: T0 + 5,
+        counts: [1, 0, 700],
+        newest: [T0, 0, T0 + 1],
     };
     let v = Shared {
         inflight: 7,
         waiting: 3,
+        admitted: u64::MAX - 1,
+        last: [T0, 0, T0 + 7],
         claims: vec![
             claim(Class::Critical, 1),
             claim(Class::Sheddable, 0xdead_beef),
         ],
     };
     assert_eq!(decode_shared(&encode_shared(&v)), Some(v.clone()));
-    // Nobody waiting: the two counters alone, as before claims.
+    // Nobody waiting: the three counters alone.
     let idle = Shared {
         claims: Vec::new(),
         ..v.clone()
     };
-    assert_eq!(encode_shared(&idle).len(), 16);
+    assert_eq!(encode_shared(&idle).len(), 48);
     assert_eq!(decode_shared(&encode_shared(&idle)), Some(idle));
     // A class byte out of range, a cut claim, claims out of order, too
     // many claims: corrupt.
     let mut bad = encode_shared(&v);
-    bad[16] = 3;
+    bad[48] = 3;
     assert_eq!(decode_shared(&bad), None);
     let good = encode_shared(&v);
     assert_eq!(decode_shared(&good[..good.len() - 1]), None);
-    assert_eq!(decode_shared(&good[..15]), None);
+    assert_eq!(decode_shared(&good[..47]), None);
     let unsorted = Shared {
         claims: v.claims.iter().rev().copied().collect(),
         ..v.clone()
@@ -1246,7 +1252,11 @@ fn shed_early_keeps_the_shares_and_cuts_the_waits() {
     // The upstream is kept busy: 4 slots of 20 ms for 6 s is 1,200.
     assert!(total >= 1_150, "{total}");
     let pct = |c: Class| 100 * got.admitted[c as usize] / total;
-    // Measured: 48.5 / 34.8 / 16.8% (critical / default / sheddable).
+    // Measured: 47.5 / 33.9 / 18.6% (critical / default / sheddable) on
+    // two workers with every class on both. (48.5 / 34.8 / 16.8% when
+    // each worker kept its own turns, which gave a class waiting on both
+    // workers twice the turns of one waiting on a single worker:
+    // `shares_hold_however_a_class_is_spread_over_the_workers`.)
     assert!(
         (47..=53).contains(&pct(Class::Critical)),
         "{:?}",
@@ -1258,7 +1268,7 @@ fn shed_early_keeps_the_shares_and_cuts_the_waits() {
         got.admitted
     );
     assert!(
-        (13..=17).contains(&pct(Class::Sheddable)),
+        (13..=20).contains(&pct(Class::Sheddable)),
         "{:?}",
         got.admitted
     );
@@ -1517,16 +1527,17 @@ fn shed_early_lets_in_a_worker_idle_until_now() {
 fn shed_early_with_strict_priority_does_not_shut_out_a_late_worker() {
     // Strict priority; worker 1: 12 critical and 12 default clients;
     // worker 2: 6 critical clients from 1 s. Same class, so about the same
-    // admissions per client are due on both workers. A known limit of
-    // judging waits by the worker's own admission rate: a worker that
-    // admitted little holds fewer waiters and goes on admitting less
-    // (measured: 28 per client against 85); without the guard that a
-    // worker with no waiter always queues one, it was shut out (4 in all).
+    // admissions per client are due on both workers. Measured: 83 per
+    // client on worker 2 (in 5 s) against 57 (in 6 s). When waits were
+    // judged by each worker's own admission rate, a worker that admitted
+    // little held fewer waiters and went on admitting less: 28 against
+    // 85; and without the guard that a worker with no waiter always
+    // queues one, it was shut out (4 in all).
     let early = idle_worker_run_with(true, "", &[Class::Critical, Class::Default]);
     let w2_per_client = sum_of(&early.admitted, 24..30) / 6;
     let w1_per_client: u32 = (0..24).step_by(2).map(|i| early.admitted[i]).sum::<u32>() / 12;
     assert!(
-        4 * w2_per_client >= w1_per_client,
+        2 * w2_per_client >= w1_per_client && 2 * w1_per_client >= w2_per_client,
         "critical per client: worker 2 {w2_per_client} ({} shed at once), worker 1 {w1_per_client}",
         sum_of(&early.shed_arrival, 24..30)
     );
@@ -1792,4 +1803,53 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     );
     let got = sh.arrive_until(&store, T0, 0, (2, Class::Default), Some(T0 + 30));
     assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
+}
+
+/// Shares 50/50 (sheddable 0), a limit of 2, 20 ms requests, `max_wait`
+/// long enough that nobody is shed: clients of each class spread over two
+/// workers as given, `(on worker 1, on worker 2)`. Returns the critical
+/// and default admissions after the first half second.
+fn spread_run(critical: (usize, usize), default: (usize, usize)) -> (u32, u32) {
+    let json = r#"{"shedders":[{"name":"a","concurrency":{"max":2,"queue":100,"max_wait":"2s"},
+        "priority":{"shares":{"critical":50,"default":50,"sheddable":0}}}]}"#;
+    let mut clients = Vec::new();
+    let mut classes = Vec::new();
+    for (class, (a, b)) in [(Class::Critical, critical), (Class::Default, default)] {
+        for (worker, n) in [(0, a), (1, b)] {
+            for _ in 0..n {
+                clients.push(rclient(worker, class, 0));
+                classes.push(class);
+            }
+        }
+    }
+    let early = rsim(json, 2, &clients, 500, 2);
+    let all = rsim(json, 2, &clients, 3_000, 2);
+    let mut got = (0, 0);
+    for (i, class) in classes.iter().enumerate() {
+        let n = all.admitted[i] - early.admitted[i];
+        match class {
+            Class::Critical => got.0 += n,
+            _ => got.1 += n,
+        }
+    }
+    got
+}
+
+#[test]
+fn shares_hold_however_a_class_is_spread_over_the_workers() {
+    // From an outside review: a class waiting on both workers got twice
+    // the turns of a class waiting on one (67/33 for shares of 50/50).
+    for (critical, default) in [
+        ((2, 2), (2, 0)),
+        ((4, 0), (1, 1)),
+        ((3, 3), (3, 0)),
+        ((2, 2), (1, 1)),
+    ] {
+        let (c, d) = spread_run(critical, default);
+        let pct = c * 100 / (c + d);
+        assert!(
+            (42..=58).contains(&pct),
+            "critical {critical:?}, default {default:?}: {c} / {d} admitted ({pct}% critical)"
+        );
+    }
 }
