@@ -15,9 +15,6 @@ impl Reader<'_> {
         self.0 = rest;
         head.try_into().map_err(|_| Corrupt)
     }
-    pub fn u16(&mut self) -> Result<u16, Corrupt> {
-        self.take::<2>().map(u16::from_le_bytes)
-    }
     pub fn u32(&mut self) -> Result<u32, Corrupt> {
         self.take::<4>().map(u32::from_le_bytes)
     }

@@ -1,11 +1,11 @@
 //! Sorting the few items sluice sorts on a request's path (a request's
-//! rule reports, a shared entry's claims, two waiters, a bulkhead's
-//! places) with an insertion sort: for a handful of items it does less
+//! rule reports, a shared entry's claims, two waiters) with an insertion
+//! sort: for a handful of items it does less
 //! work than the standard library's sorts, and it is a few hundred bytes
 //! of code where each of their instantiations is several kilobytes (code
 //! an Envoy compiles and keeps for every filter that loads the module).
-//! Lists that can be long (a shaper's due requests, the global keys)
-//! keep the standard sorts.
+//! Lists that can be long (a shaper's due requests, the global keys, a
+//! bulkhead's places) keep the standard sorts.
 
 /// Sorts `v` so that no item is `less` than one before it; stable (equal
 /// items keep their order). Quadratic: for short lists only.

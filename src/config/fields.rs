@@ -258,11 +258,13 @@ pub fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
 /// drops itself (framing, connection), and not one sluice writes on a
 /// refusal already, any of which would silently never show.
 pub fn response_header_name(field: &str, name: &str) -> Result<String, ConfigError> {
-    const RESERVED: [&str; 20] = [
+    const RESERVED: [&str; 25] = [
         "connection",
         "content-length",
         "content-type",
         "date",
+        "grpc-message",
+        "grpc-status",
         "host",
         "keep-alive",
         "proxy-connection",
@@ -277,7 +279,10 @@ pub fn response_header_name(field: &str, name: &str) -> Result<String, ConfigErr
         "x-ratelimit-limit",
         "x-ratelimit-remaining",
         "x-ratelimit-reset",
+        "x-sluice-bulkhead",
         "x-sluice-circuit",
+        "x-sluice-deadline",
+        "x-sluice-retry-budget",
         "x-sluice-shed",
     ];
     let name = header_name(field, name)?;

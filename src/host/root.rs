@@ -136,9 +136,12 @@ fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
     decode(&store.get(&key).ok()??.bytes)
 }
 
-/// This VM's `vm_id` (a queue is named within it).
+/// This VM's `vm_id` (a queue is named within it). An empty one (Istio's)
+/// comes back as no value.
 fn vm_id() -> Option<String> {
-    let bytes = hostcalls::get_property(vec!["plugin_vm_id"]).ok()??;
+    let bytes = hostcalls::get_property(vec!["plugin_vm_id"])
+        .ok()?
+        .unwrap_or_default();
     String::from_utf8(bytes).ok()
 }
 

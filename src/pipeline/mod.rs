@@ -344,6 +344,10 @@ fn run(
                 }
             }
             Step::Pause => {
+                // Headers for the response, if it goes on from here.
+                if !d.response_headers.is_empty() {
+                    stream.response_headers = d.response_headers;
+                }
                 stream.paused_at = Some(i);
                 if stream.arrived_ms.is_none() {
                     // The first pause is in the call the request arrived in.

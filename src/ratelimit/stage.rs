@@ -36,6 +36,8 @@ struct RuleMetrics {
 /// until admitted or `until_ns`.
 struct Waiting {
     stream: StreamId,
+    /// When it started waiting here, and until when it may.
+    since_ns: u64,
     until_ns: u64,
 }
 
@@ -312,15 +314,21 @@ impl Stage for RateLimits {
         if let Some(wait) = self.wait_for_tokens(cx, (stream, req), &eval, again, now) {
             return wait;
         }
-        if let Some(i) = again {
+        let waited_ns = match again {
             // Decided at last: its demand was noted when it arrived.
-            self.waiting.swap_remove(i);
-            cx.tick_changed = true;
-        } else {
-            self.note_demand(cx, &eval, req);
-        }
+            Some(i) => {
+                cx.tick_changed = true;
+                let w = self.waiting.swap_remove(i);
+                now.saturating_sub(w.since_ns)
+            }
+            None => {
+                self.note_demand(cx, &eval, req);
+                0
+            }
+        };
         self.record(cx, &eval);
-        self.answer(cx, &eval)
+        let decision = self.answer(cx, &eval);
+        self.after_waiting(cx, (stream, req), decision, waited_ns)
     }
 
     fn response(
@@ -563,10 +571,43 @@ impl RateLimits {
         }
         if again.is_none() {
             self.note_demand(cx, eval, req);
-            self.waiting.push(Waiting { stream, until_ns });
+            self.waiting.push(Waiting {
+                stream,
+                since_ns: now,
+                until_ns,
+            });
             cx.tick_changed = true;
         }
         Some(Decision::of(Step::Pause, true))
+    }
+
+    /// A request admitted after waiting for tokens goes on as one resumed
+    /// from a queue: with its deadline header reduced by the wait here
+    /// (`deadlines.propagate`), so that the next stages and the upstream see
+    /// what is left of it. It pauses once more, and the host resumes it
+    /// at once with the reduced header (`Effect::Resume`).
+    fn after_waiting(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        (stream, req): (StreamId, &dyn RequestView),
+        decision: Decision,
+        waited_ns: u64,
+    ) -> Decision {
+        let spec = self.deadlines.as_ref();
+        let d = spec.and_then(|s| crate::deadline::read(s, req));
+        let set_headers = crate::deadline::resume_headers(spec, d.as_ref(), waited_ns / NS_PER_MS);
+        if set_headers.is_empty() || decision.step != Step::Continue {
+            return decision;
+        }
+        cx.effects.push(Effect::Resume {
+            stream,
+            set_headers,
+        });
+        Decision {
+            step: Step::Pause,
+            held: true,
+            response_headers: decision.response_headers,
+        }
     }
 
     /// How long a refused request may wait for tokens: the shortest

@@ -5,7 +5,7 @@
 //! Layout (little-endian): in flight (8 bytes), waiting (8), admissions
 //! ever (8, wrapping; `shed_early` reads its rate off it), with shares the
 //! turn of the last admission of each class (3 x 8), then one
-//! 51-byte claim per waiting worker (class, since, worker tag, seen, and
+//! 57-byte claim per waiting worker (class, since, worker tag, seen, and
 //! by class the worker's waiters and its newest waiter's turn), sorted
 //! best first. Anything else
 //! decodes as corrupt and is never trusted.
@@ -24,7 +24,7 @@ pub struct Claim {
     /// [`CLAIM_TTL_MS`] is dead (see `Shared`).
     pub seen_ms: u64,
     /// How many wait on its worker, by class (`Class as usize`).
-    pub counts: [u16; 3],
+    pub counts: [u32; 3],
     /// With shares, the turn of the newest waiter of each class on its
     /// worker (0: none): a class's next turn comes one step after its
     /// newest on any worker, so that a class waiting on several workers
@@ -99,7 +99,7 @@ pub const MAX_CLAIMS: usize = 64;
 pub const HEADER_LEN: usize = 48;
 
 /// Encoded size of one claim: class, since, worker, seen, counts, newest.
-const CLAIM_LEN: usize = 51;
+const CLAIM_LEN: usize = 57;
 
 pub fn encode_shared(v: &Shared) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + CLAIM_LEN * v.claims.len());
@@ -141,7 +141,7 @@ pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
             since_ms: r.u64().ok()?,
             worker: r.u32().ok()?,
             seen_ms: r.u64().ok()?,
-            counts: [r.u16().ok()?, r.u16().ok()?, r.u16().ok()?],
+            counts: [r.u32().ok()?, r.u32().ok()?, r.u32().ok()?],
             newest: [r.u64().ok()?, r.u64().ok()?, r.u64().ok()?],
         });
     }

@@ -44,14 +44,18 @@ impl Rate {
         self.start_count = self.last;
     }
 
-    /// The shared entry said `count` admissions at `now_ms`.
+    /// The shared entry said `count` admissions at `now_ms`. The first
+    /// count seen starts the first window; a window started after a quiet
+    /// spell starts at the count seen now (what the other workers admitted
+    /// meanwhile is not this window's).
     pub fn saw(&mut self, now_ms: u64, count: u64, window_ms: u64) {
         if !self.seen {
             self.seen = true;
+            self.start_ms = now_ms;
             self.start_count = count;
         }
-        self.roll(now_ms, window_ms);
         self.last = count;
+        self.roll(now_ms, window_ms);
     }
 
     /// The wait (ms) of an arrival that `needs` admissions, its own
@@ -122,6 +126,33 @@ mod tests {
         }
         r.saw(670, 20, 100);
         assert!(r.expected_wait_ms(680, 100, 1).is_some_and(|w| w <= 20));
+    }
+
+    #[test]
+    fn the_first_window_starts_at_the_first_count_seen() {
+        // Created at 0; first count seen at 150 (1,000), then at 160
+        // (1,010) and 260 (1,110): 10 admissions every 10 ms.
+        let mut r = Rate::new(0);
+        r.saw(150, 1_000, 100);
+        r.saw(160, 1_010, 100);
+        assert_eq!(r.expected_wait_ms(160, 100, 1), None, "no full window yet");
+        r.saw(250, 1_100, 100);
+        r.saw(260, 1_110, 100);
+        assert_eq!(r.expected_wait_ms(260, 100, 1), Some(1));
+    }
+
+    #[test]
+    fn after_a_quiet_spell_the_window_starts_at_the_count_seen_then() {
+        // Seen at 0 and 100 (100 admissions), then nothing until 1,000,
+        // while the other workers admitted 900 more: the window that
+        // starts then starts at 1,000, not at 100.
+        let mut r = Rate::new(0);
+        r.saw(0, 0, 100);
+        r.saw(100, 100, 100);
+        r.saw(1_000, 1_000, 100);
+        r.saw(1_100, 1_010, 100);
+        // 10 in the 100 ms since: one every 10 ms.
+        assert_eq!(r.expected_wait_ms(1_100, 100, 1), Some(10));
     }
 
     #[test]

@@ -119,8 +119,12 @@ impl Change {
 
     /// The entry after an op: the counts, the other (live) claims, and ours.
     fn write(&self, old: &Shared, inflight: u64, waiting: u64, mine: Option<Claim>) -> Shared {
+        // A direct admission's lease slots are counted too, as admitted
+        // when granted: they are spent without touching the entry.
         let admitted = match self.op {
-            Op::Direct | Op::Admit if inflight > old.inflight => old.admitted.wrapping_add(1),
+            Op::Direct | Op::Admit if inflight > old.inflight => {
+                old.admitted.wrapping_add(inflight - old.inflight)
+            }
             _ => old.admitted,
         };
         // With shares, a waiter admitted is its class's last turn (a

@@ -458,7 +458,7 @@ impl Shedders {
         let counts = l
             .queues
             .each_ref()
-            .map(|q| u16::try_from(q.len()).unwrap_or(u16::MAX));
+            .map(|q| u32::try_from(q.len()).unwrap_or(u32::MAX));
         // By class, the class's last turn here as `Clocks::next` counts
         // it: its newest waiter's, or its last admission's.
         let now = self.now_ms;
@@ -878,7 +878,8 @@ impl Shedders {
                 // (per class, 35 x 2,857 is 99,995: one turn short).
                 here.max(gap.saturating_mul(waiting).saturating_add(SCALE / 2) / SCALE)
             }
-            Some(_) => l.queues.iter().flatten().count() as u64,
+            // A share-0 arrival: every waiter on every worker goes first.
+            Some(_) => (0..3).map(count).sum(),
             // Under LIFO while overloaded, an arrival goes before the
             // older waiters of its class.
             None => {

@@ -186,8 +186,6 @@ pub struct Coordinator {
     want_key: String,
     /// The name of the shared queue the leader listens on (see `hurry`).
     pub queue: String,
-    /// When the leader last hurried (at most once a millisecond).
-    last_hurry_ms: u64,
     /// Demand noted by this VM since its last report, by (rule, key hash).
     local: FastMap<(u8, u64), Want>,
     keys: FastMap<(u8, u64), Key>,
@@ -239,7 +237,6 @@ impl Coordinator {
             lease_key: format!("sg{id:08x}/lease"),
             want_key: format!("sg{id:08x}/want"),
             queue: format!("sg{id:08x}/hurry"),
-            last_hurry_ms: 0,
             local: FastMap::default(),
             keys: FastMap::default(),
             calls: FastMap::default(),
@@ -412,13 +409,12 @@ impl Coordinator {
     /// called for yet, instead of on its next tick (up to 100 ms later).
     /// Their rate is not known yet: it is taken as their demand so far
     /// over one tick, as the first tick does. Nothing for a VM that is not
-    /// the leader (it lost the lease since it listened), and at most once
-    /// a millisecond.
+    /// the leader (it lost the lease since it listened). Every wake-up
+    /// takes the demand (two in one millisecond bring two workers' keys).
     pub fn hurry(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
-        if !self.leader || now_ms == self.last_hurry_ms {
+        if !self.leader {
             return;
         }
-        self.last_hurry_ms = now_ms;
         // Only the keys this demand brings (not every key the leader
         // knows: a wake-up must cost little however many keys there are).
         for (g, fp) in self.take_demand(store, now_ms) {

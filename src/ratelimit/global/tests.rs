@@ -686,3 +686,25 @@ fn a_half_open_probe_goes_to_a_key_that_needs_tokens() {
     }
     panic!("no probe");
 }
+
+#[test]
+fn two_wake_ups_in_one_millisecond_each_bring_their_keys() {
+    // From a review: a second wake-up in the same millisecond was dropped,
+    // and with it the second worker's new key until the leader's tick.
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut leader = vm(&json, 1, &store);
+    let mut one = vm(&json, 2, &store);
+    let mut two = vm(&json, 3, &store);
+    leader.tick(&store, T0);
+    one.tick(&store, T0 + 1);
+    two.tick(&store, T0 + 1);
+    assert_ne!(one.request(&store, T0 + 20, "a"), Verdict::Allow);
+    assert!(one.tick(&store, T0 + 21).wake);
+    let mut r = Report::default();
+    leader.coord.hurry(&store, T0 + 22, &mut r);
+    assert_ne!(two.request(&store, T0 + 22, "b"), Verdict::Allow);
+    assert!(two.tick(&store, T0 + 22).wake);
+    leader.coord.hurry(&store, T0 + 22, &mut r);
+    assert_eq!(r.calls.len(), 2, "{r:?}");
+}

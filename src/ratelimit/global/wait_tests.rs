@@ -191,3 +191,49 @@ fn bad_wait_for_tokens_values_are_refused_naming_the_field() {
         assert_eq!(e.field, field, "{json}: {e}");
     }
 }
+
+#[test]
+fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
+    let json = JSON.replace(
+        r#"{"domain":"d","#,
+        r#"{"domain":"d","deadlines":{"headers":["x-envoy-expected-rq-timeout-ms"]},"#,
+    );
+    let store = MemoryStore::default();
+    let mut leader = Vm::new(&json, 1, &store);
+    let mut worker = Vm::new(&json, 2, &store);
+    let s = &mut Nothing;
+    leader.p.tick(&mut env(&store, T0, s));
+    worker.p.tick(&mut env(&store, T0 + MS, s));
+    let r = req("k").with_header("x-envoy-expected-rq-timeout-ms", b"1000");
+    let mut one = Stream::new(1);
+    let (v, _) = worker
+        .p
+        .request(&mut env(&store, T0 + 20 * MS, s), &mut one, &r);
+    assert_eq!(v, Verdict::Pause);
+    worker.p.tick(&mut env(&store, T0 + 21 * MS, s));
+    let out = leader.p.woken(&mut env(&store, T0 + 22 * MS, s));
+    let body = response_of(1, 100, 90, 3_000);
+    leader.p.call_done(
+        &mut env(&store, T0 + 25 * MS, s),
+        out.calls[0].id,
+        Some(&body),
+    );
+    // Admitted 6 ms after it arrived: it goes on through a resume that
+    // sets its deadline to what is left, as a request resumed from a
+    // queue does.
+    let (v, out) = worker
+        .p
+        .again(&mut env(&store, T0 + 26 * MS, s), &mut one, &r);
+    assert_eq!(v, Verdict::Pause);
+    assert_eq!(
+        out.effects,
+        vec![Effect::Resume {
+            stream: 1,
+            set_headers: vec![("x-envoy-expected-rq-timeout-ms".into(), "994".into())],
+        }]
+    );
+    let (v, _) = worker
+        .p
+        .resume(&mut env(&store, T0 + 26 * MS, s), &mut one, &r);
+    assert_eq!(v, Verdict::Continue);
+}
