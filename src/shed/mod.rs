@@ -94,6 +94,53 @@ fn found_entry(found: Option<&crate::store::Entry>, failures: &mut u64) -> Share
     }
 }
 
+/// What an op read of the shared entry (see `apply_op`).
+#[derive(Default)]
+struct Read {
+    /// Whether the last decision was a refusal that only wrote claims.
+    refusal: bool,
+    /// When the oldest waiter another worker claims arrived.
+    oldest_other: Option<u64>,
+    /// The most in flight seen.
+    peak: u64,
+    seen: Elsewhere,
+    /// The count of admissions (`None`: the entry was not read).
+    admitted: Option<u64>,
+}
+
+/// Applies `change` to the shared entry at `key` by CAS: the lease slots
+/// it granted if it took effect (or the store's error), and what it read.
+fn apply_op(
+    store: &dyn Store,
+    (key, max_retries): (&str, u32),
+    failures: &mut u64,
+    change: &Change,
+) -> (Result<Option<u64>, StoreError>, Read) {
+    let mut read = Read::default();
+    let granted = update(store, key, max_retries, |found| {
+        let old = found_entry(found, failures);
+        read.peak = read.peak.max(old.inflight);
+        read.seen = Elsewhere::of(&old, |c| change.live(c));
+        read.admitted = Some(old.admitted);
+        read.refusal = false;
+        read.oldest_other = old
+            .claims
+            .iter()
+            .filter(|c| change.live(c))
+            .map(|c| c.since_ms)
+            .min();
+        match change.apply(&old) {
+            Applied::Keep => Update::Keep(None),
+            Applied::Refused(next) => {
+                read.refusal = true;
+                Update::Write(encode_shared(&next), None)
+            }
+            Applied::Done(next, granted) => Update::Write(encode_shared(&next), Some(granted)),
+        }
+    });
+    (granted, read)
+}
+
 /// How long a waiter of `class` may wait: `max_wait`, or less for its
 /// class while CoDel says overloaded (strict priority only: with shares,
 /// a shorter wait would shed a class before its share comes round).
@@ -141,6 +188,34 @@ struct Local {
     /// The other workers' waiters, as their claims said when this worker
     /// last read the entry (shares: see `turn_of` and `places`).
     elsewhere: Elsewhere,
+}
+
+impl Local {
+    fn new(spec: &config::ShedderSpec, now_ms: u64) -> Self {
+        Local {
+            codel: Codel::new(
+                spec.target_ms,
+                spec.interval_ms,
+                now_ms,
+                spec.concurrency.is_some(),
+            ),
+            queues: Default::default(),
+            floor_current: None,
+            floor_previous: None,
+            floor_rotated_ms: now_ms,
+            lease: 0,
+            calm: false,
+            samples: Samples::default(),
+            auto: spec
+                .concurrency
+                .as_ref()
+                .and_then(|c| c.adaptive)
+                .map(|a| Auto::new(&a, now_ms)),
+            clocks: Clocks::default(),
+            rate: Rate::new(now_ms),
+            elsewhere: Elsewhere::default(),
+        }
+    }
 }
 
 /// What the shared entry says of the other workers' waiters, by class
@@ -251,33 +326,7 @@ impl Shedders {
                 auto_key,
             });
         }
-        let local = rules
-            .iter()
-            .map(|r| Local {
-                codel: Codel::new(
-                    r.spec.target_ms,
-                    r.spec.interval_ms,
-                    now_ms,
-                    r.spec.concurrency.is_some(),
-                ),
-                queues: Default::default(),
-                floor_current: None,
-                floor_previous: None,
-                floor_rotated_ms: now_ms,
-                lease: 0,
-                calm: false,
-                samples: Samples::default(),
-                auto: r
-                    .spec
-                    .concurrency
-                    .as_ref()
-                    .and_then(|c| c.adaptive)
-                    .map(|a| Auto::new(&a, now_ms)),
-                clocks: Clocks::default(),
-                rate: Rate::new(now_ms),
-                elsewhere: Elsewhere::default(),
-            })
-            .collect();
+        let local = rules.iter().map(|r| Local::new(&r.spec, now_ms)).collect();
         Ok(Shedders {
             rules,
             local,
@@ -538,19 +587,7 @@ impl Shedders {
         let key = rule.inflight_key.clone();
         // This worker's best waiter now, and once the op is done.
         let (head, second) = self.heads(s);
-        let after_admit = self.best_after_admit(s, head, second).map(|mut c| {
-            // Its counts once the head is admitted, and its class's
-            // last turn (with shares, a claim's `since_ms` is its turn).
-            if let Some(h) = head {
-                if let Some(n) = c.counts.get_mut(h.class as usize) {
-                    *n = n.saturating_sub(1);
-                }
-                if let Some(t) = c.newest.get_mut(h.class as usize) {
-                    *t = (*t).max(h.since_ms);
-                }
-            }
-            c
-        });
+        let after_admit = self.claim_after_admit(s, head, second);
         let change = Change {
             op,
             by_age: self.shares(s).is_some(),
@@ -561,62 +598,67 @@ impl Shedders {
             me: self.worker,
             now: self.now_ms,
         };
-        let failures = &mut self.store_failures;
-        // Whether the last decision was a refusal that only wrote claims.
-        let mut refusal = false;
-        // When the oldest waiter another worker claims arrived.
-        let mut oldest_other: Option<u64> = None;
-        let mut peak = 0;
-        let mut seen = Elsewhere::default();
-        let mut count = None;
-        let granted = update(store, &key, self.max_retries, |found| {
-            let old = found_entry(found, failures);
-            peak = peak.max(old.inflight);
-            seen = Elsewhere::of(&old, |c| change.live(c));
-            count = Some(old.admitted);
-            refusal = false;
-            oldest_other = old
-                .claims
-                .iter()
-                .filter(|c| change.live(c))
-                .map(|c| c.since_ms)
-                .min();
-            match change.apply(&old) {
-                Applied::Keep => Update::Keep(None),
-                Applied::Refused(next) => {
-                    refusal = true;
-                    Update::Write(encode_shared(&next), None)
-                }
-                Applied::Done(next, granted) => Update::Write(encode_shared(&next), Some(granted)),
-            }
-        });
-        // Only ops that come with the time (see `Change::timely`) date
-        // a count of admissions.
-        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
-        let (early, window_ms) = self.early(s);
-        // What the entry said, if it was read.
-        if let (Some(l), Some(n)) = (self.local.get_mut(s), count) {
-            l.elsewhere = seen;
-            if early && timely {
-                l.rate.saw(self.now_ms, n, window_ms);
-            }
+        let (granted, read) = apply_op(
+            store,
+            (&key, self.max_retries),
+            &mut self.store_failures,
+            &change,
+        );
+        if let Some(n) = read.admitted {
+            self.read_entry(s, op, read.seen, n);
         }
         let granted = match granted {
             // A refusal whose claim could not be written is still a
             // refusal, not store trouble (which would let a waiter in
             // without a slot, over the limit).
-            Err(_) if refusal => None,
+            Err(_) if read.refusal => None,
             other => other?,
         };
-        self.note_op(s, op, granted, peak);
+        self.note_op(s, op, granted, read.peak);
         if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
             if self.shares(s).is_some() {
-                self.observe_turns(s, oldest_other);
+                self.observe_turns(s, read.oldest_other);
             } else {
-                self.observe_global(s, oldest_other, head.map(|c| c.since_ms));
+                self.observe_global(s, read.oldest_other, head.map(|c| c.since_ms));
             }
         }
         Ok(granted.is_some())
+    }
+
+    /// This worker's claim once an admission has taken its head: the
+    /// waiter after it, with the counts once the head is gone and its
+    /// class's last turn (with shares, a claim's `since_ms` is its turn).
+    fn claim_after_admit(
+        &self,
+        s: usize,
+        head: Option<Claim>,
+        second: Option<Claim>,
+    ) -> Option<Claim> {
+        self.best_after_admit(s, head, second).map(|mut c| {
+            if let Some(h) = head {
+                if let Some(n) = c.counts.get_mut(h.class as usize) {
+                    *n = n.saturating_sub(1);
+                }
+                if let Some(t) = c.newest.get_mut(h.class as usize) {
+                    *t = (*t).max(h.since_ms);
+                }
+            }
+            c
+        })
+    }
+
+    /// Keeps what an op read of the entry: the other workers' waiters and,
+    /// with `shed_early`, the count of admissions (dated only by ops that
+    /// come with the time: see `Change::timely`).
+    fn read_entry(&mut self, s: usize, op: Op, seen: Elsewhere, admitted: u64) {
+        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
+        let (early, window_ms) = self.early(s);
+        if let Some(l) = self.local.get_mut(s) {
+            l.elsewhere = seen;
+            if early && timely {
+                l.rate.saw(self.now_ms, admitted, window_ms);
+            }
+        }
     }
 
     /// With shares, claims carry turns, not arrival times: the earliest
@@ -737,15 +779,7 @@ impl Shedders {
             return Arrival::Admit { slot: false };
         };
         let Some(conc) = rule.spec.concurrency.clone() else {
-            let shed = self
-                .local
-                .get_mut(s)
-                .is_some_and(|l| l.codel.shed_on_arrival(now_ms, class));
-            return if shed {
-                Arrival::Shed
-            } else {
-                Arrival::Admit { slot: false }
-            };
+            return self.latency_arrival(s, now_ms, class);
         };
         let shares = rule.spec.shares.is_some();
         // Waiters of a higher or equal class go first (with shares, every
@@ -765,12 +799,8 @@ impl Shedders {
             // Its op read the entry: the turn by what it said.
             turn_ms = self.turn_of(s, class, now_ms);
         }
-        let places = if conc.shed_early {
-            self.places(s, class, turn_ms, now_ms)
-        } else {
-            1
-        };
         if conc.shed_early {
+            let places = self.places(s, class, turn_ms, now_ms);
             if let Some(early) = self.sheds_early(s, (class, places), &conc, now_ms, deadline_ms) {
                 return early;
             }
@@ -783,6 +813,19 @@ impl Shedders {
             deadline_ms,
         };
         self.enqueue(store, s, waiter, &conc)
+    }
+
+    /// Latency mode (no concurrency limit): CoDel alone decides.
+    fn latency_arrival(&mut self, s: usize, now_ms: u64, class: Class) -> Arrival {
+        let shed = self
+            .local
+            .get_mut(s)
+            .is_some_and(|l| l.codel.shed_on_arrival(now_ms, class));
+        if shed {
+            Arrival::Shed
+        } else {
+            Arrival::Admit { slot: false }
+        }
     }
 
     /// With shares, before an arrival on a worker that has waiters takes
