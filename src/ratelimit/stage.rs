@@ -502,8 +502,10 @@ impl RateLimits {
             cx.add_now(self.leader_metric, if lead { 1 } else { -1 });
             if lead {
                 info!("sluice: this VM now speaks to the rate-limit service(s)");
-                cx.signals.push(Signal::Listen(g.queue.clone()));
             }
+        }
+        if report.listen {
+            cx.signals.push(Signal::Listen(g.queue.clone()));
         }
         if report.wake {
             cx.signals.push(Signal::Wake(g.queue.clone()));

@@ -145,6 +145,10 @@ pub struct Report {
     /// leader (through the shared queue it listens on, [`Coordinator::queue`])
     /// so that it calls for the starved keys at once, not on its next tick.
     pub wake: bool,
+    /// This VM leads: it listens on that queue (again on every slow tick,
+    /// so that a registration another VM took over while the lease changed
+    /// hands, or one that failed, comes back within a tick).
+    pub listen: bool,
 }
 
 /// The leader's view of one key.
@@ -351,6 +355,7 @@ impl Coordinator {
             report.leader = Some(self.leader);
         }
         if self.leader {
+            report.listen = true;
             self.lead(store, now_ms, rng, &mut report);
         }
         self.follow_health(store, &mut report);

@@ -708,3 +708,21 @@ fn two_wake_ups_in_one_millisecond_each_bring_their_keys() {
     leader.coord.hurry(&store, T0 + 22, &mut r);
     assert_eq!(r.calls.len(), 2, "{r:?}");
 }
+
+#[test]
+fn the_leader_listens_again_on_every_slow_tick_and_only_the_leader() {
+    // A registration another VM took over while the lease changed hands
+    // (the last to register is woken) comes back within a tick.
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    for t in [T0, T0 + 100, T0 + 200] {
+        assert!(leader.tick(&store, t).listen, "{t}");
+        assert!(!worker.tick(&store, t + 1).listen, "{t}");
+    }
+    // A fast tick (a report only) does not.
+    worker.request(&store, T0 + 220, "k");
+    assert_ne!(leader.request(&store, T0 + 220, "j"), Verdict::Allow);
+    assert!(!leader.tick(&store, T0 + 231).listen);
+}
