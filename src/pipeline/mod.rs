@@ -218,13 +218,7 @@ impl Pipeline {
         stream: &mut Stream,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        let Some(at) = stream.paused_at.take() else {
-            return (Verdict::Continue, Outcome::default());
-        };
-        let arrived = stream.arrived_ms;
-        self.with_cx_since(env, arrived, |stages, cx| {
-            run(stages, cx, stream, req, at + 1)
-        })
+        self.go_on(env, stream, req, 1)
     }
 
     /// A stream paused by a stage is decided on again from that stage
@@ -235,11 +229,25 @@ impl Pipeline {
         stream: &mut Stream,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
+        self.go_on(env, stream, req, 0)
+    }
+
+    /// A paused stream goes on from `after` stages past the one that
+    /// paused it (1: the next; 0: that one again).
+    fn go_on(
+        &mut self,
+        env: &mut Env<'_>,
+        stream: &mut Stream,
+        req: &dyn RequestView,
+        after: usize,
+    ) -> (Verdict, Outcome) {
         let Some(at) = stream.paused_at.take() else {
             return (Verdict::Continue, Outcome::default());
         };
         let arrived = stream.arrived_ms;
-        self.with_cx_since(env, arrived, |stages, cx| run(stages, cx, stream, req, at))
+        self.with_cx_since(env, arrived, |stages, cx| {
+            run(stages, cx, stream, req, at + after)
+        })
     }
 
     /// The response headers: the stages holding something for the stream

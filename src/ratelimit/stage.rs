@@ -595,10 +595,14 @@ impl RateLimits {
         decision: Decision,
         waited_ns: u64,
     ) -> Decision {
+        // Most requests never waited: no header to read for them.
+        if waited_ns < NS_PER_MS || decision.step != Step::Continue {
+            return decision;
+        }
         let spec = self.deadlines.as_ref();
         let d = spec.and_then(|s| crate::deadline::read(s, req));
         let set_headers = crate::deadline::resume_headers(spec, d.as_ref(), waited_ns / NS_PER_MS);
-        if set_headers.is_empty() || decision.step != Step::Continue {
+        if set_headers.is_empty() {
             return decision;
         }
         cx.effects.push(Effect::Resume {

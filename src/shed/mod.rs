@@ -509,14 +509,11 @@ impl Shedders {
             .each_ref()
             .map(|q| u32::try_from(q.len()).unwrap_or(u32::MAX));
         // By class, the class's last turn here as `Clocks::next` counts
-        // it: its newest waiter's, or its last admission's.
-        let now = self.now_ms;
-        let mut class = 0;
-        let newest = l.queues.each_ref().map(|q| {
-            let waiting = q.iter().map(|w| w.turn_ms).max();
-            let last = waiting.max(l.clocks.admitted(class, now)).unwrap_or(0);
-            class += 1;
-            last
+        // it: its newest waiter's (turns only grow along a class's queue,
+        // as `turn_of` reads it too), or its last admission's.
+        let newest: [u64; 3] = std::array::from_fn(|c| {
+            let waiting = l.queues.get(c).and_then(|q| q.back()).map(|w| w.turn_ms);
+            waiting.max(l.clocks.admitted(c, self.now_ms)).unwrap_or(0)
         });
         let claim = |w: &Waiter| Claim {
             class: w.class,
@@ -834,16 +831,16 @@ impl Shedders {
     /// their newest (a view some arrivals old gives two workers the same
     /// turns, and a class waiting on both more than its share).
     fn look(&mut self, store: &dyn Store, s: usize, now_ms: u64) {
+        let (early, window_ms) = self.early(s);
         let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get_mut(s)) else {
             return;
         };
         let me = self.worker;
-        let early = rule.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
         if let Ok(Some(e)) = store.get(&rule.inflight_key) {
             if let Some(entry) = decode_shared(&e.bytes) {
                 l.elsewhere = Elsewhere::of(&entry, |c| entry::live(c, me, now_ms));
                 if early {
-                    l.rate.saw(now_ms, entry.admitted, rule.spec.interval_ms);
+                    l.rate.saw(now_ms, entry.admitted, window_ms);
                 }
             }
         }
