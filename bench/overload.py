@@ -309,7 +309,7 @@ def run_goal(first=None, pause=0.0):
     goals = [
         ("admitted p99 (worst class) at or below native's", f"{o['worst_p99_ms']:.0f} vs {n['worst_p99_ms']:.0f} ms",
          o["worst_p99_ms"] <= n["worst_p99_ms"]),
-        ("goodput at least native's", f"{o['goodput_rps']:.0f} vs {n['goodput_rps']:.0f}/s",
+        ("goodput at least native's", f"{o['goodput_rps']:.1f} vs {n['goodput_rps']:.1f}/s",
          o["goodput_rps"] >= n["goodput_rps"]),
         (f"no class below its share (within {SHARE_SLACK} points)",
          " / ".join(f"{c} {o['share_pct'][c]:.0f}% (share {SHARES[c]}%)" for c in CLASSES),

@@ -664,7 +664,13 @@ impl Shedders {
     /// has stood.
     fn observe_turns(&mut self, s: usize, other_turn: Option<u64>) {
         if let (Some(t), Some(l)) = (other_turn, self.local.get_mut(s)) {
-            l.clocks.seen(t, self.now_ms);
+            let mine = l
+                .queues
+                .iter()
+                .filter_map(|q| q.front())
+                .map(|w| w.turn_ms)
+                .min();
+            l.clocks.seen(mine.map_or(t, |m| m.min(t)), self.now_ms);
         }
         let own = self.local.get(s).and_then(|l| {
             l.queues
@@ -1047,8 +1053,15 @@ impl Shedders {
             }
         }
         if let Some(q) = l.queues.get_mut(w.class as usize) {
-            q.push_back(w);
+            // In order of turns (a class's turns only grow along its queue,
+            // but for a turn left by a waiter before it).
+            let at = q
+                .iter()
+                .rposition(|o| o.turn_ms <= w.turn_ms)
+                .map_or(0, |i| i + 1);
+            q.insert(at, w);
         }
+        l.clocks.paid(w.class as usize);
         // An eviction leaves the count as it is; either way the new
         // waiter may now be this worker's best (its claim).
         let op = if evicted.is_none() {
@@ -1089,7 +1102,12 @@ impl Shedders {
                 });
             }
         }
-        for _ in shed_before..out.len() {
+        for i in shed_before..out.len() {
+            if let Some(Wake::Shed { waiter } | Wake::Expired { waiter }) = out.get(i).copied() {
+                if !by_class {
+                    self.left(s, waiter, now_ms);
+                }
+            }
             self.note_shed(s, now_ms);
             self.try_op(store, s, Op::Leave);
         }
@@ -1171,16 +1189,39 @@ impl Shedders {
         self.local.get(s).map_or(0, |l| l.lease)
     }
 
+    /// With shares, waiter `w` left shedder `s` without being admitted:
+    /// if its class has later turns waiting (here, or on another worker as
+    /// last read), the turn is owed to the class's next arrival here (see
+    /// `Clocks::left`); if it was its class's newest, the class's next
+    /// turn falls back to it anyway.
+    fn left(&mut self, s: usize, w: Waiter, now_ms: u64) {
+        let Some(l) = self.local.get_mut(s) else {
+            return;
+        };
+        let c = w.class as usize;
+        let here = l.queues.get(c).and_then(|q| q.back()).map(|b| b.turn_ms);
+        let there = l.elsewhere.newest.get(c).copied();
+        if here.max(there).is_some_and(|t| t > w.turn_ms) {
+            l.clocks.left(c, w.turn_ms, now_ms);
+        }
+    }
+
     /// Removes a waiter whose stream ended (client gone). Returns whether it was queued.
     pub fn cancel(&mut self, store: &dyn Store, s: usize, id: u32) -> bool {
         let Some(l) = self.local.get_mut(s) else {
             return false;
         };
         let mut found = false;
+        let now_ms = self.now_ms;
+        let mut gone = None;
         for q in l.queues.iter_mut() {
-            let before = q.len();
-            q.retain(|w| w.id != id);
-            found |= q.len() != before;
+            if let Some(i) = q.iter().position(|w| w.id == id) {
+                gone = q.remove(i);
+                found = true;
+            }
+        }
+        if let Some(w) = gone.filter(|_| self.shares(s).is_some()) {
+            self.left(s, w, now_ms);
         }
         if found {
             self.try_op(store, s, Op::Leave);

@@ -7,14 +7,18 @@
 //! each is admitted in proportion to its share; a class with nobody waiting
 //! takes nothing (its share flows to the others); a class that starts
 //! waiting again starts at the turn being served, with at most one step of
-//! credit; and a client that comes back soon after its last admission
-//! waits only what is left of its class's step.
+//! credit; a client that comes back soon after its last admission
+//! waits only what is left of its class's step; and a waiter that leaves
+//! before its turn (it waited its limit, or its client went) while later
+//! turns of its class wait leaves its turn to its class's next arrival.
 
 /// Virtual milliseconds between a class's turns at a share of 1%:
 /// `SCALE / share`.
 pub const SCALE: u64 = 100_000;
 /// The step of a class with share 0: it goes when nobody else waits.
 const NEVER: u64 = 1 << 40;
+/// The most turns a class is owed by waiters that left (see `left`).
+const MAX_OWED: u8 = 4;
 
 /// Per-worker virtual clocks of one shedder, indexed by `Class as usize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,6 +28,9 @@ pub struct Clocks {
     /// The turn of the last waiter admitted here, or claimed next by
     /// another worker.
     serving: u64,
+    /// Per class, the turns owed to it by waiters that left here without
+    /// being admitted: the earliest, and how many (see `left`).
+    owed: [(u64, u8); 3],
 }
 
 impl Clocks {
@@ -35,16 +42,20 @@ impl Clocks {
     /// The turn of an arrival of `class` at `now_ms`, whose class's newest
     /// waiter here has turn `newest`: one step after the class's last turn
     /// still live (waiting here, or admitted here), but never more than
-    /// one step before the turn being served. The turns of waiters that
-    /// left without being admitted (shed or gone) are not owed: a class
-    /// shed a lot would otherwise run ever further behind. A class with
-    /// share 0 goes after everyone.
+    /// one step before the turn being served; or a turn the class is owed
+    /// (see `left`). Beyond those, the turns of waiters that left without
+    /// being admitted (shed or gone) are not owed: a class shed a lot would
+    /// otherwise run ever further behind. A class with share 0 goes after
+    /// everyone.
     pub fn next(&self, shares: [u32; 3], class: usize, now_ms: u64, newest: Option<u64>) -> u64 {
         let base = self.base(now_ms);
         let share = shares.get(class).copied().unwrap_or(0);
         let Some(step) = SCALE.checked_div(u64::from(share)) else {
             return base.saturating_add(NEVER);
         };
+        if let Some(t) = self.owed(class, now_ms) {
+            return t;
+        }
         // A place taken while nobody waited is charged up to the turn
         // being served: at most one step of delay for the class, however
         // many it took (in light load every request takes one).
@@ -56,6 +67,42 @@ impl Clocks {
             // its turns, the more the more often its turns come round).
             Some(t) => t.saturating_add(step).max(base.saturating_sub(step)),
             None => base,
+        }
+    }
+
+    /// The turn a waiter of `class` left unused here, if one is owed:
+    /// the earliest such turn, or the turn being served once that has
+    /// come round (the class goes first).
+    fn owed(&self, class: usize, now_ms: u64) -> Option<u64> {
+        let base = self.base(now_ms);
+        match self.owed.get(class) {
+            Some(&(turn, n)) if n > 0 => Some(turn.max(base)),
+            _ => None,
+        }
+    }
+
+    /// A waiter of `class` with `turn` left here without being admitted
+    /// (it waited its limit, or its client went): the class is owed the
+    /// turn, given to its next arrival here (at most `MAX_OWED` kept). A
+    /// waiter that waits its limit out is most often its class's first,
+    /// whose turn was about to come: without this, a class whose waiters
+    /// reach their limit more often than others' (as `shed_early`'s
+    /// estimate errs) gets less than its share.
+    pub fn left(&mut self, class: usize, turn: u64, now_ms: u64) {
+        if self.share0(turn, now_ms) {
+            return;
+        }
+        if let Some((t, n)) = self.owed.get_mut(class) {
+            *t = if *n == 0 { turn } else { (*t).min(turn) };
+            *n = (*n + 1).min(MAX_OWED);
+        }
+    }
+
+    /// A request of `class` took the turn `next` gave it, by queueing or
+    /// by a free place: an owed turn is paid.
+    pub fn paid(&mut self, class: usize) {
+        if let Some((_, n)) = self.owed.get_mut(class) {
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -76,13 +123,19 @@ impl Clocks {
     /// every class behind it.
     pub fn served(&mut self, class: usize, turn: u64, now_ms: u64) {
         self.seen(turn, now_ms);
-        self.took(class, turn, now_ms);
+        self.last(class, turn, now_ms);
     }
 
     /// A request of `class` took a free place with `turn` while nobody
     /// waited: its class's next turn comes after it; the turn being served
     /// stays (nobody was passed over).
     pub fn took(&mut self, class: usize, turn: u64, now_ms: u64) {
+        self.paid(class);
+        self.last(class, turn, now_ms);
+    }
+
+    /// `turn` is the last of `class` admitted here.
+    fn last(&mut self, class: usize, turn: u64, now_ms: u64) {
         if self.share0(turn, now_ms) {
             return;
         }
@@ -186,7 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn turns_of_waiters_that_left_are_not_owed() {
+    fn turns_of_waiters_that_left_are_not_owed_beyond_the_newest() {
         let mut c = Clocks::default();
         c.served(0, 1_000, 0);
         // Sheddable waiters that were shed never count: with nobody of its
@@ -202,6 +255,47 @@ mod tests {
         // Back late, it keeps at most one step of credit, never more.
         c.seen(50_000, 0);
         assert_eq!(c.next(SHARES, 0, 0, None), 50_000 - SCALE / 15);
+    }
+
+    #[test]
+    fn a_turn_left_while_later_ones_wait_goes_to_the_next_arrival() {
+        let mut c = Clocks::default();
+        let step = SCALE / 35;
+        c.served(1, 1_000, 0);
+        // Default waits at 1,000 + step and + 2 steps; the first waits its
+        // limit out: its class is owed its turn, not yet come round.
+        c.left(1, 1_000 + step, 0);
+        assert_eq!(c.next(SHARES, 1, 0, Some(1_000 + 2 * step)), 1_000 + step);
+        // Still owed while the arrival given it is not queued (shed at
+        // once); paid once one takes it.
+        assert_eq!(c.next(SHARES, 1, 0, Some(1_000 + 2 * step)), 1_000 + step);
+        c.paid(1);
+        assert_eq!(
+            c.next(SHARES, 1, 0, Some(1_000 + 2 * step)),
+            1_000 + 3 * step
+        );
+        // Owed turns that have come round meanwhile: the turn being
+        // served (the class goes first), the earliest first.
+        c.left(1, 1_000 + 3 * step, 0);
+        c.left(1, 1_000 + 2 * step, 0);
+        c.seen(90_000, 0);
+        assert_eq!(c.next(SHARES, 1, 0, None), 90_000);
+        c.paid(1);
+        assert_eq!(c.next(SHARES, 1, 0, None), 90_000);
+        c.paid(1);
+        assert_eq!(c.next(SHARES, 1, 0, None), 90_000 - step);
+        // At most MAX_OWED are kept; a share-0 turn is never owed.
+        for i in 0..10 {
+            c.left(1, 100_000 + i, 0);
+        }
+        for _ in 0..MAX_OWED {
+            assert_eq!(c.next(SHARES, 1, 0, None), 100_000);
+            c.paid(1);
+        }
+        assert_eq!(c.next(SHARES, 1, 0, None), 90_000 - step);
+        let far = c.next([0, 50, 50], 0, 0, None);
+        c.left(0, far, 0);
+        assert_eq!(c.next([0, 50, 50], 0, 0, None), far);
     }
 
     #[test]

@@ -1251,27 +1251,13 @@ fn shed_early_keeps_the_shares_and_cuts_the_waits() {
     let total: u32 = got.admitted.iter().sum();
     // The upstream is kept busy: 4 slots of 20 ms for 6 s is 1,200.
     assert!(total >= 1_150, "{total}");
-    let pct = |c: Class| 100 * got.admitted[c as usize] / total;
-    // Measured: 50.1 / 31.8 / 18.1% (critical / default / sheddable) on
-    // two workers with every class on both. (48.5 / 34.8 / 16.8% when
-    // each worker kept its own turns, which gave a class waiting on both
-    // workers twice the turns of one waiting on a single worker:
-    // `shares_hold_however_a_class_is_spread_over_the_workers`.)
-    assert!(
-        (47..=53).contains(&pct(Class::Critical)),
-        "{:?}",
-        got.admitted
-    );
-    assert!(
-        (30..=38).contains(&pct(Class::Default)),
-        "{:?}",
-        got.admitted
-    );
-    assert!(
-        (13..=20).contains(&pct(Class::Sheddable)),
-        "{:?}",
-        got.admitted
-    );
+    // Measured: 49.9 / 35.1 / 15.0% (critical / default / sheddable) on
+    // two workers with every class on both. Before a waiter's unused turn
+    // was owed to its class, 50.1 / 31.8 / 18.1%: the waiters that reach
+    // their limit (as the estimate errs) are most often their class's
+    // first, about to be served, and a class losing one turn in so many
+    // loses more of its share the smaller the share.
+    assert_shares(&got.admitted, [15, 35, 50]);
     // Most refusals come at once, not after waiting max_wait out.
     assert!(
         got.shed_waiting * 10 < got.shed_on_arrival,
@@ -1280,17 +1266,23 @@ fn shed_early_keeps_the_shares_and_cuts_the_waits() {
         got.shed_on_arrival
     );
     assert!(p99(&mut got.waits) < 30);
-    // The same without shed_early: waiters wait max_wait out, and the
-    // shares do not hold (sheddable's waiters are shed before their turn).
+    // The same without shed_early: the shares hold too (a waiter shed
+    // before its turn leaves it to its class), but refusals come only
+    // after waiting max_wait out.
     let late = r#""queue":200,"max_wait":"30ms""#;
     let got_late = retrying_loop(late, SHARES);
-    assert!(got_late.shed_waiting > got_late.shed_on_arrival);
-    let late_total: u32 = got_late.admitted.iter().sum();
-    assert!(
-        got_late.admitted[Class::Sheddable as usize] * 20 < late_total,
-        "{:?}",
-        got_late.admitted
-    );
+    assert_shares(&got_late.admitted, [15, 35, 50]);
+    assert!(got_late.shed_waiting > 10 * got_late.shed_on_arrival);
+}
+
+/// Admissions by class (sheddable, default, critical) within 2 points of
+/// `shares` (percent).
+fn assert_shares(admitted: &[u32; 3], shares: [u32; 3]) {
+    let total: u32 = admitted.iter().sum();
+    for (a, s) in admitted.iter().zip(shares) {
+        let pct = 100 * a / total;
+        assert!(pct + 2 >= s && pct <= s + 2, "{admitted:?} for {shares:?}");
+    }
 }
 
 #[test]
@@ -1507,10 +1499,16 @@ fn idle_worker_run_with(shed_early: bool, priority: &str, classes: &[Class]) -> 
 
 #[test]
 fn shed_early_lets_in_a_worker_idle_until_now() {
-    // Control: without shed_early worker 2's critical clients get in.
+    // Control: without shed_early worker 2's critical clients get in,
+    // about as much per client as worker 1's.
     let late = idle_worker_run(false, R_SHARES);
     let w2_late = sum_of(&late.admitted, 24..30);
-    assert!(w2_late > 300, "control: {w2_late}");
+    let w1_critical: u32 = (0..24).step_by(3).map(|i| late.admitted[i]).sum();
+    assert!(w2_late > 150, "control: {w2_late}");
+    assert!(
+        2 * w2_late / 6 >= w1_critical / 8,
+        "{w2_late} {w1_critical}"
+    );
     // With shed_early: its rate is 0 (no admission in two intervals), so
     // every arrival that cannot be admitted directly (someone waits on
     // worker 1) is an "endless wait", shed at once, and the rate stays 0.
@@ -1852,4 +1850,64 @@ fn shares_hold_however_a_class_is_spread_over_the_workers() {
             "critical {critical:?}, default {default:?}: {c} / {d} admitted ({pct}% critical)"
         );
     }
+}
+
+#[test]
+fn shares_hold_on_one_worker_or_two_with_a_short_or_longer_max_wait() {
+    // Waiters reach max_wait before their turn (the rate they were
+    // judged by dipped); each leaves its turn to its class, so no class
+    // loses more of its share than another. Before: 51.5 / 32.9 / 15.6%
+    // on one worker at 60 ms, 56.4 / 30.4 / 13.2% on two.
+    for (workers, max_wait, early) in [(1, "30ms", true), (2, "60ms", true), (2, "60ms", false)] {
+        let c = format!(r#""queue":200,"max_wait":"{max_wait}","shed_early":{early}"#);
+        let got = retrying_loop_on(&c, R_SHARES, workers);
+        assert_shares(&got.admitted, [15, 35, 50]);
+    }
+}
+
+#[test]
+fn a_waiter_that_leaves_before_its_turn_leaves_it_to_its_class() {
+    let (mut sh, store) = shedders(
+        r#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":10,"max_wait":"50ms"},
+        "priority":{"shares":{"critical":50,"default":50,"sheddable":0}}}]}"#,
+    );
+    assert_eq!(
+        sh.arrive(&store, T0, 0, 0, Class::Critical),
+        Arrival::Admit { slot: true }
+    );
+    let ids = |sh: &Shedders| -> Vec<u32> { sh.local[0].queues[1].iter().map(|w| w.id).collect() };
+    let turn = |sh: &Shedders, id: u32| {
+        let q = &sh.local[0].queues[1];
+        q.iter().find(|w| w.id == id).map(|w| w.turn_ms)
+    };
+    for id in 1..=3 {
+        sh.arrive(&store, T0 + 10 * u64::from(id), 0, id, Class::Default);
+    }
+    let (t2, t3) = (turn(&sh, 2), turn(&sh, 3));
+    // The first default waiter's client goes before its turn: the next
+    // default arrival takes that turn (or the turn being served, if it
+    // has come round), ahead of the two still waiting.
+    assert!(sh.cancel(&store, 0, 1));
+    sh.arrive(&store, T0 + 40, 0, 4, Class::Default);
+    assert_eq!(ids(&sh), [4, 2, 3]);
+    assert!(turn(&sh, 4) < t2);
+    // The newest leaving is not owed: the class's next turn falls back to
+    // it anyway.
+    assert!(sh.cancel(&store, 0, 3));
+    sh.arrive(&store, T0 + 45, 0, 5, Class::Default);
+    assert_eq!(ids(&sh), [4, 2, 5]);
+    assert_eq!(turn(&sh, 5), t3);
+    // Waiting max_wait out is the same: 2 (since +20) waits its limit
+    // out at +70, while 5 waits on with a later turn.
+    let shed = sh.wake(&store, T0 + 70, 0);
+    assert!(
+        matches!(shed[..], [Wake::Shed { waiter }] if waiter.id == 2),
+        "{shed:?}"
+    );
+    sh.arrive(&store, T0 + 71, 0, 6, Class::Default);
+    assert_eq!(ids(&sh), [4, 6, 5]);
+    assert_eq!(turn(&sh, 6), t2);
+    // Paid: the next one queues after them all.
+    sh.arrive(&store, T0 + 72, 0, 7, Class::Default);
+    assert_eq!(ids(&sh), [4, 6, 5, 7]);
 }
