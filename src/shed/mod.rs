@@ -1053,11 +1053,11 @@ impl Shedders {
             }
         }
         if let Some(q) = l.queues.get_mut(w.class as usize) {
-            // In order of turns (a class's turns only grow along its queue,
-            // but for a turn left by a waiter before it).
+            // With shares, in order of turns (a class's turns only grow
+            // along its queue, but for a turn owed by a waiter that left).
             let at = q
                 .iter()
-                .rposition(|o| o.turn_ms <= w.turn_ms)
+                .rposition(|o| by_class || o.turn_ms <= w.turn_ms)
                 .map_or(0, |i| i + 1);
             q.insert(at, w);
         }
@@ -1190,10 +1190,10 @@ impl Shedders {
     }
 
     /// With shares, waiter `w` left shedder `s` without being admitted:
-    /// if its class has later turns waiting (here, or on another worker as
-    /// last read), the turn is owed to the class's next arrival here (see
-    /// `Clocks::left`); if it was its class's newest, the class's next
-    /// turn falls back to it anyway.
+    /// if its class has later turns (waiting here, or waiting or admitted
+    /// on another worker as its claim last said), the turn is owed to one
+    /// of the class's next arrivals here (see `Clocks::left`); if it was
+    /// its class's newest, the class's next turn falls back to it anyway.
     fn left(&mut self, s: usize, w: Waiter, now_ms: u64) {
         let Some(l) = self.local.get_mut(s) else {
             return;

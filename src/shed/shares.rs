@@ -18,7 +18,7 @@ pub const SCALE: u64 = 100_000;
 /// The step of a class with share 0: it goes when nobody else waits.
 const NEVER: u64 = 1 << 40;
 /// The most turns a class is owed by waiters that left (see `left`).
-const MAX_OWED: u8 = 4;
+const MAX_OWED: usize = 4;
 
 /// Per-worker virtual clocks of one shedder, indexed by `Class as usize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,8 +29,8 @@ pub struct Clocks {
     /// another worker.
     serving: u64,
     /// Per class, the turns owed to it by waiters that left here without
-    /// being admitted: the earliest, and how many (see `left`).
-    owed: [(u64, u8); 3],
+    /// being admitted (see `left`), earliest first.
+    owed: [Owed; 3],
 }
 
 impl Clocks {
@@ -75,34 +75,31 @@ impl Clocks {
     /// come round (the class goes first).
     fn owed(&self, class: usize, now_ms: u64) -> Option<u64> {
         let base = self.base(now_ms);
-        match self.owed.get(class) {
-            Some(&(turn, n)) if n > 0 => Some(turn.max(base)),
-            _ => None,
-        }
+        self.owed.get(class)?.first().map(|t| t.max(base))
     }
 
     /// A waiter of `class` with `turn` left here without being admitted
     /// (it waited its limit, or its client went): the class is owed the
-    /// turn, given to its next arrival here (at most `MAX_OWED` kept). A
-    /// waiter that waits its limit out is most often its class's first,
-    /// whose turn was about to come: without this, a class whose waiters
-    /// reach their limit more often than others' (as `shed_early`'s
-    /// estimate errs) gets less than its share.
+    /// turn, given to one of its next arrivals here, earliest first (at
+    /// most `MAX_OWED` kept, the earliest). A waiter that waits its limit
+    /// out is most often its class's first, whose turn was about to come:
+    /// without this, a class whose waiters reach their limit more often
+    /// than others' (as `shed_early`'s estimate errs) gets less than its
+    /// share.
     pub fn left(&mut self, class: usize, turn: u64, now_ms: u64) {
         if self.share0(turn, now_ms) {
             return;
         }
-        if let Some((t, n)) = self.owed.get_mut(class) {
-            *t = if *n == 0 { turn } else { (*t).min(turn) };
-            *n = (*n + 1).min(MAX_OWED);
+        if let Some(o) = self.owed.get_mut(class) {
+            o.add(turn);
         }
     }
 
     /// A request of `class` took the turn `next` gave it, by queueing or
     /// by a free place: an owed turn is paid.
     pub fn paid(&mut self, class: usize) {
-        if let Some((_, n)) = self.owed.get_mut(class) {
-            *n = n.saturating_sub(1);
+        if let Some(o) = self.owed.get_mut(class) {
+            o.pop();
         }
     }
 
@@ -156,6 +153,48 @@ impl Clocks {
     pub fn seen(&mut self, turn: u64, now_ms: u64) {
         if !self.share0(turn, now_ms) {
             self.serving = self.serving.max(turn);
+        }
+    }
+}
+
+/// Up to `MAX_OWED` turns owed to a class, earliest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Owed {
+    turns: [u64; MAX_OWED],
+    n: usize,
+}
+
+impl Owed {
+    fn first(&self) -> Option<u64> {
+        self.turns.get(..self.n)?.first().copied()
+    }
+
+    /// Adds `turn` in order; when full, it replaces the latest if earlier.
+    fn add(&mut self, turn: u64) {
+        if self.n == MAX_OWED {
+            match self.turns.last() {
+                Some(&last) if turn < last => self.n -= 1,
+                _ => return,
+            }
+        }
+        let kept = self.turns.get(..self.n).unwrap_or_default();
+        let at = kept.iter().position(|&t| t > turn).unwrap_or(self.n);
+        if let Some(tail) = self.turns.get_mut(at..=self.n) {
+            tail.rotate_right(1);
+            if let Some(first) = tail.first_mut() {
+                *first = turn;
+                self.n += 1;
+            }
+        }
+    }
+
+    /// Removes the earliest.
+    fn pop(&mut self) {
+        if let Some(kept) = self.turns.get_mut(..self.n) {
+            if !kept.is_empty() {
+                kept.rotate_left(1);
+                self.n -= 1;
+            }
         }
     }
 }
@@ -274,25 +313,31 @@ mod tests {
             c.next(SHARES, 1, 0, Some(1_000 + 2 * step)),
             1_000 + 3 * step
         );
-        // Owed turns that have come round meanwhile: the turn being
-        // served (the class goes first), the earliest first.
+        // Several owed: each once, earliest first; those that have come
+        // round meanwhile, at the turn being served (the class goes first).
         c.left(1, 1_000 + 3 * step, 0);
         c.left(1, 1_000 + 2 * step, 0);
-        c.seen(90_000, 0);
-        assert_eq!(c.next(SHARES, 1, 0, None), 90_000);
+        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 2 * step);
         c.paid(1);
-        assert_eq!(c.next(SHARES, 1, 0, None), 90_000);
+        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 3 * step);
+        c.left(1, 1_000 + 2 * step, 0);
+        c.seen(1_000 + 5 * step, 0);
+        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 5 * step);
         c.paid(1);
-        assert_eq!(c.next(SHARES, 1, 0, None), 90_000 - step);
-        // At most MAX_OWED are kept; a share-0 turn is never owed.
-        for i in 0..10 {
-            c.left(1, 100_000 + i, 0);
+        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 5 * step);
+        c.paid(1);
+        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 4 * step);
+        // At most MAX_OWED are kept, the earliest; a share-0 turn is never
+        // owed.
+        c.seen(200_000, 0);
+        for i in (0..10).rev() {
+            c.left(1, 300_000 + i, 0);
         }
-        for _ in 0..MAX_OWED {
-            assert_eq!(c.next(SHARES, 1, 0, None), 100_000);
+        for i in 0..MAX_OWED as u64 {
+            assert_eq!(c.next(SHARES, 1, 0, None), 300_000 + i);
             c.paid(1);
         }
-        assert_eq!(c.next(SHARES, 1, 0, None), 90_000 - step);
+        assert_eq!(c.next(SHARES, 1, 0, None), 200_000 - step);
         let far = c.next([0, 50, 50], 0, 0, None);
         c.left(0, far, 0);
         assert_eq!(c.next([0, 50, 50], 0, 0, None), far);

@@ -1911,3 +1911,32 @@ fn a_waiter_that_leaves_before_its_turn_leaves_it_to_its_class() {
     sh.arrive(&store, T0 + 72, 0, 7, Class::Default);
     assert_eq!(ids(&sh), [4, 6, 5, 7]);
 }
+
+#[test]
+fn turns_owed_to_a_class_are_each_given_once() {
+    // From a review: with two owed, both arrivals got the earliest, and
+    // the class then held more turns than it had waiters.
+    let (mut sh, store) = shedders(
+        r#"{"shedders":[{"name":"a","concurrency":{"max":1,"queue":10,"max_wait":"1h"},
+        "priority":{"shares":{"critical":50,"default":50,"sheddable":0}}}]}"#,
+    );
+    sh.arrive(&store, T0, 0, 0, Class::Critical);
+    let turns =
+        |sh: &Shedders| -> Vec<u64> { sh.local[0].queues[1].iter().map(|w| w.turn_ms).collect() };
+    for id in 1..=5 {
+        sh.arrive(&store, T0, 0, id, Class::Default);
+    }
+    let before = turns(&sh);
+    assert!(sh.cancel(&store, 0, 2) && sh.cancel(&store, 0, 3));
+    sh.arrive(&store, T0, 0, 6, Class::Default);
+    sh.arrive(&store, T0, 0, 7, Class::Default);
+    assert_eq!(turns(&sh), before);
+    // The newest leaving owes nothing: the next turns follow the back.
+    assert!(sh.cancel(&store, 0, 5) && sh.cancel(&store, 0, 4));
+    for id in 8..=10 {
+        sh.arrive(&store, T0, 0, id, Class::Default);
+    }
+    let after = turns(&sh);
+    assert_eq!(after[..5], before[..]);
+    assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
+}
