@@ -1,9 +1,11 @@
 //! An adaptive concurrency limit (`concurrency.max: "auto"`), learned from
 //! latency as Netflix's gradient limiter and Envoy's `adaptive_concurrency`
 //! do: while admitted requests take about as long as the upstream's
-//! no-load floor, the limit grows by about its square root per interval;
-//! when they take longer (the upstream queues), it shrinks in proportion
-//! (`limit × tolerance × floor / latency`, at most halving per interval).
+//! no-load floor, the limit grows in proportion and by about its square
+//! root per interval; when they take longer (the upstream queues), it
+//! shrinks in proportion (`limit × tolerance × floor / latency`, at most
+//! halving per interval), keeping one request over what the upstream
+//! serves at its floor latency.
 //!
 //! Shared across Envoy's workers: each worker adds its latency samples to
 //! one shared entry on its tick (one CAS per tick, never per request), and
@@ -164,17 +166,31 @@ impl Auto {
     }
 }
 
-/// The gradient step: `limit × min(1, tolerance × floor / latency)`, at
-/// least half, plus `√limit` of headroom while there is no queueing and
-/// the limit was more than half used (an idle upstream teaches nothing
-/// about its capacity); within the bounds.
+/// The gradient step: `limit × tolerance × floor / latency`, at least
+/// half and at most double; it grows (by that, plus `√limit` of headroom)
+/// only while there is no queueing and the limit was more than half used
+/// (an idle upstream teaches nothing about its capacity); within the
+/// bounds. Growing by the gradient as well as the headroom reaches an
+/// upstream whose capacity doubled in about two intervals instead of
+/// four, so its new slots are not left idle meanwhile.
+///
+/// A shrink keeps one request over what the upstream serves at its floor
+/// latency (by Little's law, the requests in flight × floor / latency):
+/// at a small capacity the tolerance alone would not allow one (with 2
+/// slots, a third request in flight makes the average 1.5 times the
+/// floor), and a limit at the capacity leaves a slot idle through every
+/// hand-over from a finished request to the next one admitted.
 fn next_limit(spec: &AdaptiveSpec, limit_milli: u64, floor_us: u64, avg_us: u64, peak: u64) -> u64 {
     let limit = limit_milli as f64 / 1000.0;
+    let avg = avg_us.max(1) as f64;
     let allowed = floor_us as f64 * f64::from(spec.tolerance_pct) / 100.0;
-    let gradient = (allowed / (avg_us.max(1) as f64)).clamp(0.5, 1.0);
-    let mut next = limit * gradient;
+    let gradient = (allowed / avg).clamp(0.5, 2.0);
+    let mut next = limit * gradient.min(1.0);
     if gradient >= 1.0 && (peak as f64) * 2.0 >= limit {
-        next += limit.sqrt();
+        next = limit * gradient + limit.sqrt();
+    } else if gradient < 1.0 {
+        let serving = (peak as f64).min(limit) * floor_us as f64 / avg;
+        next = next.max(serving + 1.0).min(limit);
     }
     let next = next.clamp(f64::from(spec.min), f64::from(spec.max));
     (next * 1000.0) as u64
@@ -238,6 +254,26 @@ mod tests {
             auto = auto.merge(&spec(), &s, *now);
         }
         auto
+    }
+
+    #[test]
+    fn a_doubled_capacity_is_reached_in_one_interval_and_a_small_one_keeps_a_spare() {
+        let mut now = 1_000_000;
+        let auto = settle(Auto::new(&spec(), now), 8, &mut now, 40);
+        let before = auto.limit();
+        assert!(before < 16, "{before}");
+        // No queueing at all now: grown by the gradient as well as √limit
+        // (11 -> 17; by √limit alone, 11 -> 14 -> 18).
+        let auto = settle(auto, 16, &mut now, 1);
+        assert!(auto.limit() >= 16, "{before} -> {}", auto.limit());
+        // Capacity 2: one request over it, every interval (with the
+        // tolerance alone, 3 in flight average 1.5 times the floor, and it
+        // fell back to 2 every few intervals: no spare for hand-overs).
+        let mut auto = settle(auto, 2, &mut now, 10);
+        for _ in 0..20 {
+            auto = settle(auto, 2, &mut now, 1);
+            assert_eq!(auto.limit(), 3);
+        }
     }
 
     #[test]
