@@ -672,13 +672,13 @@ impl Shedders {
                 .min();
             l.clocks.seen(mine.map_or(t, |m| m.min(t)), self.now_ms);
         }
-        let own = self.local.get(s).and_then(|l| {
-            l.queues
-                .iter()
-                .filter_map(|q| q.front())
-                .map(|w| w.since_ms)
-                .min()
-        });
+        // The oldest waiter here, wherever it stands: a class's queue is in
+        // order of turns, and an owed turn puts a new arrival before older
+        // waiters of its class.
+        let own = self
+            .local
+            .get(s)
+            .and_then(|l| l.queues.iter().flatten().map(|w| w.since_ms).min());
         self.observe_global(s, None, own);
     }
 
