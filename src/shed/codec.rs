@@ -96,7 +96,7 @@ pub const CLAIM_TTL_MS: u64 = 50;
 pub const MAX_CLAIMS: usize = 64;
 
 /// Encoded size of the counters before the claims.
-pub const HEADER_LEN: usize = 48;
+const HEADER_LEN: usize = 48;
 
 /// Encoded size of one claim: class, since, worker, seen, counts, newest.
 const CLAIM_LEN: usize = 57;

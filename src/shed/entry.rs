@@ -73,16 +73,19 @@ pub enum Applied {
     Done(Shared, u64),
 }
 
-impl Change {
+impl Op {
     /// Arrivals and wakes come with the time; releases, cancels and
     /// returned leases do not (reading the clock costs), so `now` may be
-    /// old then: those ops leave the other workers' claims as they are.
-    /// (Our own claim is exact either way: a worker with waiters polls
-    /// every millisecond, so its `now` is fresh.)
-    fn timely(&self) -> bool {
-        matches!(self.op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue)
+    /// old then: those ops leave the other workers' claims as they are,
+    /// and what they read is not dated. (Our own claim is exact either
+    /// way: a worker with waiters polls every millisecond, so its `now` is
+    /// fresh.)
+    pub fn timely(self) -> bool {
+        matches!(self, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue)
     }
+}
 
+impl Change {
     /// Whether another worker's claim `c` is live (see [`live`]).
     pub fn live(&self, c: &Claim) -> bool {
         live(c, self.me, self.now)
@@ -140,7 +143,7 @@ impl Change {
         let mut claims = Vec::new();
         if waiting > 0 {
             // Kept sorted: the others' stay in order, ours goes in its place.
-            let timely = self.timely();
+            let timely = self.op.timely();
             let others = |c: &&Claim| {
                 if timely {
                     self.live(c)

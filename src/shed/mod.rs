@@ -602,7 +602,7 @@ impl Shedders {
             &change,
         );
         if let Some(n) = read.admitted {
-            self.read_entry(s, op, read.seen, n);
+            self.read_entry(s, op.timely(), read.seen, n);
         }
         let granted = match granted {
             // A refusal whose claim could not be written is still a
@@ -644,11 +644,10 @@ impl Shedders {
         })
     }
 
-    /// Keeps what an op read of the entry: the other workers' waiters and,
-    /// with `shed_early`, the count of admissions (dated only by ops that
-    /// come with the time: see `Change::timely`).
-    fn read_entry(&mut self, s: usize, op: Op, seen: Elsewhere, admitted: u64) {
-        let timely = matches!(op, Op::Direct | Op::Enqueue | Op::Admit | Op::Requeue);
+    /// Keeps what a read of the entry said: the other workers' waiters
+    /// and, with `shed_early`, the count of admissions (when the read is
+    /// dated: `timely`, see `Op::timely`).
+    fn read_entry(&mut self, s: usize, timely: bool, seen: Elsewhere, admitted: u64) {
         let (early, window_ms) = self.early(s);
         if let Some(l) = self.local.get_mut(s) {
             l.elsewhere = seen;
@@ -837,18 +836,14 @@ impl Shedders {
     /// their newest (a view some arrivals old gives two workers the same
     /// turns, and a class waiting on both more than its share).
     fn look(&mut self, store: &dyn Store, s: usize, now_ms: u64) {
-        let (early, window_ms) = self.early(s);
-        let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get_mut(s)) else {
+        let Some(rule) = self.rules.get(s) else {
             return;
         };
         let me = self.worker;
-        if let Ok(Some(e)) = store.get(&rule.inflight_key) {
-            if let Some(entry) = decode_shared(&e.bytes) {
-                l.elsewhere = Elsewhere::of(&entry, |c| entry::live(c, me, now_ms));
-                if early {
-                    l.rate.saw(now_ms, entry.admitted, window_ms);
-                }
-            }
+        let entry = store.get(&rule.inflight_key).ok().flatten();
+        if let Some(entry) = entry.and_then(|e| decode_shared(&e.bytes)) {
+            let seen = Elsewhere::of(&entry, |c| entry::live(c, me, now_ms));
+            self.read_entry(s, true, seen, entry.admitted);
         }
     }
 
@@ -1211,22 +1206,18 @@ impl Shedders {
         let Some(l) = self.local.get_mut(s) else {
             return false;
         };
-        let mut found = false;
-        let now_ms = self.now_ms;
-        let mut gone = None;
-        for q in l.queues.iter_mut() {
-            if let Some(i) = q.iter().position(|w| w.id == id) {
-                gone = q.remove(i);
-                found = true;
-            }
+        let gone = l.queues.iter_mut().find_map(|q| {
+            let i = q.iter().position(|w| w.id == id)?;
+            q.remove(i)
+        });
+        let Some(w) = gone else {
+            return false;
+        };
+        if self.shares(s).is_some() {
+            self.left(s, w, self.now_ms);
         }
-        if let Some(w) = gone.filter(|_| self.shares(s).is_some()) {
-            self.left(s, w, now_ms);
-        }
-        if found {
-            self.try_op(store, s, Op::Leave);
-        }
-        found
+        self.try_op(store, s, Op::Leave);
+        true
     }
 
     /// Latency mode: a request was let through at shedder `s` (its answer
