@@ -34,6 +34,26 @@ pub trait ResponseView {
     fn header(&self, name: &str) -> Option<Vec<u8>>;
 }
 
+/// The first of a header's comma-separated values, trimmed: Envoy joins
+/// repeated values of the headers it knows (`grpc-timeout`,
+/// `x-envoy-attempt-count`, ...) into one, `5m,5m`, where other headers
+/// keep their first value. `None` when the value is not UTF-8.
+pub fn first_value(v: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(v).ok()?;
+    Some(text.split(',').next().unwrap_or(text).trim())
+}
+
+/// A count sent in a header (an attempt number): a decimal integer, `+`
+/// allowed, saturating at `u64::MAX` (20 digits of 9 are a large count,
+/// not no count at all).
+pub fn count(text: &str) -> Option<u64> {
+    let digits = text.strip_prefix('+').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(digits.parse().unwrap_or(u64::MAX))
+}
+
 /// The path without its query string or fragment.
 pub fn strip_query(path: &[u8]) -> &[u8] {
     path.split(|&b| b == b'?' || b == b'#')

@@ -164,6 +164,22 @@ def test_a_turn_beyond_max_delay_or_the_held_bound_is_refused_at_once():
         assert sum(r.status == 200 for r in got) == 4, [r.status for r in got]  # one at once, 3 held
 
 
+def test_held_requests_carry_the_rate_limit_headers_of_an_admitted_one():
+    cfg = {"rate_limits": [paced_rule(bucket={"rate": 5, "period": "1s", "burst": 1})],
+           "response": {"headers_on_allowed": True, "ratelimit_headers": "both"}}
+    with PacedStack(cfg, concurrency=2) as s:
+        c = http1.Conn(s.port)
+        got = [c.request("/") for _ in range(3)]
+        c.close()
+        assert [r.status for r in got] == [200] * 3
+        # The first at once, the next two held a turn each (200 ms): all
+        # three admitted, all three told the same way where they stand.
+        assert s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="delayed")) == 2
+        for r in got:
+            assert (r.header("ratelimit-policy") or "").startswith('"pace";q=1;'), r.headers
+            assert r.header("ratelimit") is not None and r.header("x-ratelimit-limit") == "1", r.headers
+
+
 def test_clients_that_leave_while_held_leave_nothing_behind():
     cfg = {"rate_limits": [paced_rule(bucket={"rate": 10, "period": "1s", "burst": 1})]}
     with PacedStack(cfg, concurrency=2) as s:

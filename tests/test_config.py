@@ -36,6 +36,8 @@ BAD = [
     ('{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m"},'
      '"on_limit":"delay","max_delay":"1s"}]}', "rate_limits[0].on_limit: delay (shaping) needs algorithm token_bucket"),
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay"}]}', "rate_limits[0].max_delay: is required with on_limit: delay"),
+    ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay","max_delay":"1s","shadow":true}]}',
+     "rate_limits[0].shadow: cannot be combined with on_limit: delay"),
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay","max_delay":"1s","max_delayed":-1}]}',
      "rate_limits[0].max_delayed: must be between 1 and 100000, got -1"),
     # Global rules: the service's cluster, its protocol, the backstop's share.

@@ -131,3 +131,66 @@ def test_shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline(
             for t in threads:
                 t.join()
         assert s.front.stat(metric("sluice_deadline_refused_total")) >= 7
+
+
+def test_a_repeated_deadline_or_attempt_header_counts_by_its_first_value():
+    """Envoy joins repeated values of the headers it knows (`grpc-timeout`,
+    `x-envoy-attempt-count`) into one, `5m,5m`: the first value counts, as
+    for any repeated header, so a second copy neither hides a deadline nor
+    turns a retry into a first try."""
+    cfg = {"deadlines": {"min_remaining": "10ms"},
+           "retry_budgets": [{"name": "none", "ratio": 0, "min_per_second": 0}]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+
+        def twice(name, value):
+            return c.send_all([f"GET / HTTP/1.1\r\nHost: test\r\n{name}: {value}\r\n{name}: {value}\r\n\r\n"
+                               .encode()])[0]
+
+        r = twice("grpc-timeout", "5m")
+        assert r.status == 504 and r.header("x-sluice-deadline") == "exceeded", r.headers
+        r = twice("x-envoy-attempt-count", "3")
+        assert r.status == 429 and r.header("x-sluice-retry-budget") == "exhausted", r.headers
+        # Once each, for comparison: the same answers.
+        assert c.request("/", {"grpc-timeout": "5m"}).status == 504
+        assert c.request("/", {"x-envoy-attempt-count": "3"}).status == 429
+        assert c.request("/", {"x-envoy-attempt-count": "1"}).status == 200
+        c.close()
+
+
+def test_a_waiting_request_is_answered_once_it_has_only_min_remaining_left():
+    """A request waits in sluice (a bulkhead's line, a shedder's queue) only
+    until it has `min_remaining` left: past that it could not be served in
+    time by the operator's own measure, and gets the deadline's answer; one
+    let in before goes upstream with more than `min_remaining` left."""
+    cfg = {"deadlines": {"headers": ["x-deadline-ms"], "min_remaining": "200ms", "propagate": True},
+           "concurrency_limits": [{"name": "l", "key": [{"header": "x-tenant"}], "max": 1, "max_wait": "3s"}],
+           "shedders": [{"name": "q", "concurrency": {"max": 1, "queue": 8, "max_wait": "3s"},
+                         "priority": {"default": "critical"}}]}
+    with Echo() as echo, Stack(cfg, routes=ROUTES, extra_clusters=[("echo", echo.port)]) as s:
+        c = http1.Conn(s.port)
+        for where, headers in (("bulkhead/l", {"x-tenant": "a"}), ("shed/q", {})):
+            # Behind a request holding the place for 1.5 s: a deadline of
+            # 600 ms waits 400 ms, not 600.
+            slow = threading.Thread(target=http1.get, args=(s.port, "/slow"),
+                                    kwargs={"headers": dict(headers, **{"x-sleep-ms": "1500"})})
+            slow.start()
+            time.sleep(0.3)
+            t = time.time()
+            r = c.request("/", dict(headers, **{"x-deadline-ms": "600"}))
+            waited = time.time() - t
+            assert r.status == 504 and r.header("x-sluice-deadline") == "exceeded", (where, r.status, r.headers)
+            assert 0.35 <= waited < 0.55, (where, waited)
+            slow.join(timeout=10)
+            # Behind one of 300 ms: let in with about 700 of 1,000 ms left.
+            echo.seen.clear()
+            slow = threading.Thread(target=http1.get, args=(s.port, "/slow"),
+                                    kwargs={"headers": dict(headers, **{"x-sleep-ms": "300"})})
+            slow.start()
+            time.sleep(0.1)
+            r = c.request("/", dict(headers, **{"x-deadline-ms": "1000"}))
+            slow.join(timeout=10)
+            assert r.status == 200, (where, r.status)
+            sent = [int(v) for v in echo.seen if v is not None]
+            assert len(sent) == 1 and 200 < sent[0] <= 900, (where, echo.seen)
+        c.close()

@@ -8,7 +8,7 @@ import threading
 import time
 
 import http1
-from harness import Stack, metric
+from harness import Envoy, Stack, free_port, front_bootstrap, metric
 
 RETRY = {"x-envoy-attempt-count": "2"}
 CFG = {"retry_budgets": [{"name": "api", "ratio": 0.1, "min_per_second": 1, "window": "2s"}]}
@@ -67,3 +67,29 @@ def test_a_retry_storm_stays_within_the_budget_and_the_budget_recovers():
             assert c.request("/").status == 200
             time.sleep(0.02)
         assert c.request("/", RETRY).status == 200
+
+
+def test_a_budget_in_the_next_envoy_refuses_the_retries_of_the_envoy_before_it():
+    """The retries an Envoy's own router makes never pass through its
+    filters; the next Envoy on the path sees them, marked with
+    `x-envoy-attempt-count` when the first one's virtual host sets
+    `include_request_attempt_count` (docs/configuration.md, "Where it sees
+    retries")."""
+    cfg = {"retry_budgets": [{"name": "none", "ratio": 0, "min_per_second": 0}]}
+    with Stack(cfg) as s:
+        port = free_port()
+        routes = [{"match": {"prefix": "/"}, "route": {
+            "cluster": "upstream", "timeout": "5s", "retry_policy": {"retry_on": "5xx", "num_retries": 4}}}]
+        boot = front_bootstrap(port, free_port(), s.port, [], routes)
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        hcm["route_config"]["virtual_hosts"][0]["include_request_attempt_count"] = True
+        with Envoy(boot, 1) as caller:
+            # The upstream fails it: the caller's Envoy retries; sluice in
+            # the next Envoy refuses the retry, which is not retried (429).
+            r = http1.get(port, "/", {"x-envoy-fault-abort-request": "503"})
+            assert r.status == 429 and r.header("x-sluice-retry-budget") == "exhausted", (r.status, r.headers)
+            assert caller.stat("cluster.upstream.upstream_rq_retry") == 1
+        got = {k: s.front.stat(metric("sluice_retry_requests_total", budget="none", result=k))
+               for k in ("first_try", "retry_admitted", "retry_refused")}
+        assert got == {"first_try": 1, "retry_admitted": 0, "retry_refused": 1}, got
+        assert s.upstream_requests() == 1

@@ -212,7 +212,8 @@ impl BulkheadStage {
         let by_wait = now.saturating_add(max_wait);
         let by_deadline = deadline
             .as_ref()
-            .map(|d| now.saturating_add(d.remaining_ms))
+            .zip(self.deadlines.as_ref())
+            .map(|(d, spec)| now.saturating_add(spec.wait_ms(d, 0)))
             .filter(|&at| at < by_wait);
         self.park(
             cx,

@@ -219,7 +219,7 @@ pub fn millis(field: String, text: Option<String>, default: &str) -> Result<u64,
     if ns < NS_PER_MS {
         return Err(err(field, "must be at least 1ms"));
     }
-    Ok(ns / NS_PER_MS)
+    whole_millis(field, ns)
 }
 
 /// A duration in whole milliseconds that may be 0 (`0`, `0s`), else at
@@ -228,6 +228,23 @@ pub fn millis_or_zero(field: &str, text: String) -> Result<u64, ConfigError> {
     let ns = parse_duration(&text).map_err(|p| err(field, p))?;
     if ns > 0 && ns < NS_PER_MS {
         return Err(err(field, "must be 0 or at least 1ms"));
+    }
+    whole_millis(field.to_string(), ns)
+}
+
+/// `ns` in milliseconds, refused unless whole: cut to a millisecond, a
+/// duration would not be the one written (and one just over a field's
+/// bound would pass it).
+fn whole_millis(field: String, ns: u64) -> Result<u64, ConfigError> {
+    if ns % NS_PER_MS != 0 {
+        return Err(err(
+            field,
+            format!(
+                "must be a whole number of milliseconds, got {}ms and {}ns",
+                ns / NS_PER_MS,
+                ns % NS_PER_MS
+            ),
+        ));
     }
     Ok(ns / NS_PER_MS)
 }

@@ -147,7 +147,15 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
                 } else {
                     path.to_string()
                 };
-                err(field, e.into_inner().to_string())
+                let inner = e.into_inner();
+                let problem = if wrong_type(bytes, &inner) {
+                    "has the wrong JSON type: expected a name (a string) or, where the name \
+                     takes a value, an object of one field (a key part {\"header\": \"x-tenant\"})"
+                        .to_string()
+                } else {
+                    inner.to_string()
+                };
+                err(field, problem)
             })?;
         // Nothing may follow the object: not a second object, not text.
         de.end().map_err(|e| {
@@ -159,6 +167,19 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         raw
     };
     validate(raw)
+}
+
+/// serde_json's "expected value" where a value does start: a field that
+/// takes a name or a one-field object (a key part, `on_limit`...) was
+/// given an array, a number or a literal. (A true syntax error, where no
+/// value starts, keeps serde_json's message and position.)
+fn wrong_type(bytes: &[u8], e: &serde_json::Error) -> bool {
+    if !e.is_syntax() || !e.to_string().starts_with("expected value") {
+        return false;
+    }
+    let line = bytes.split(|&b| b == b'\n').nth(e.line().saturating_sub(1));
+    let at = line.and_then(|l| l.get(e.column().saturating_sub(1)));
+    at.is_some_and(|b| b"[-0123456789tfn".contains(b))
 }
 
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {

@@ -264,6 +264,16 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "only applies with on_limit: delay",
         ),
         (
+            r#"{"concurrency_limits":[{"name":"t","key":[{"header":"x"}],"max":1,"max_wait":"1.5ms"}]}"#.into(),
+            "concurrency_limits[0].max_wait",
+            "must be a whole number of milliseconds, got 1ms and 500000ns",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":1,"max_wait":"3600.0005s"}}]}"#.into(),
+            "shedders[0].concurrency.max_wait",
+            "must be a whole number of milliseconds",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"0s"}]}"#.into(),
             "rate_limits[0].max_delay",
             "longer than 0",
@@ -282,6 +292,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"1s","max_delayed":0}]}"#.into(),
             "rate_limits[0].max_delayed",
             "between 1 and 100000, got 0",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","bucket":{"rate":1,"period":"1s"},"on_limit":"delay","max_delay":"1s","shadow":true}]}"#.into(),
+            "rate_limits[0].shadow",
+            "cannot be combined with on_limit: delay",
         ),
         (
             r#"{"rate_limits":[{"name":"a","algorithm":"sliding_window","window":{"limit":5,"period":"1m"},"on_limit":"delay","max_delay":"1s"}]}"#.into(),
@@ -324,6 +339,21 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "between 1 and 1000",
         ),
         (r#"{"domain":"a/b"}"#.into(), "domain", "may only contain"),
+        (
+            r#"{"rate_limits":[{"name":"a","key":[["header","x"]],"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].key[0]",
+            "has the wrong JSON type: expected a name (a string)",
+        ),
+        (
+            r#"{"rate_limits":[{"name":"a","on_limit":7,"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].on_limit",
+            "has the wrong JSON type",
+        ),
+        (
+            "{\"rate_limits\":[{\"name\":\"a\",\n\"on_limit\": }]}".into(),
+            "rate_limits[0].on_limit",
+            "expected value at line 2 column 13",
+        ),
     ];
     for (json, field, problem) in cases {
         let e = parse(json.as_bytes()).expect_err(&json);

@@ -36,6 +36,15 @@ impl DeadlineSpec {
             d.remaining_ms.saturating_sub(waited_ms)
         }
     }
+
+    /// How much longer a request may wait in sluice: until it has only
+    /// `min_remaining` left, when it could no longer be served in time by
+    /// the operator's own measure (and would have been refused had it
+    /// arrived so).
+    pub fn wait_ms(&self, d: &super::Deadline, waited_ms: u64) -> u64 {
+        self.remaining_ms(d, waited_ms)
+            .saturating_sub(self.min_remaining_ms)
+    }
 }
 
 #[derive(Deserialize)]

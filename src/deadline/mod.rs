@@ -71,7 +71,7 @@ pub fn resume_headers(
 pub fn read(spec: &DeadlineSpec, req: &dyn RequestView) -> Option<Deadline> {
     spec.headers.iter().find_map(|(header, format)| {
         let v = req.header(header)?;
-        let text = std::str::from_utf8(&v).ok()?.trim();
+        let text = crate::request::first_value(&v)?;
         let remaining_ms = match format {
             Format::GrpcTimeout => parse_grpc_timeout(text)?,
             Format::Millis => text.parse::<u64>().ok()?,

@@ -54,6 +54,16 @@ fn the_first_deadline_header_that_parses_wins_and_is_reduced_in_its_format() {
         (2_000, "1750m".to_string())
     );
     assert_eq!(read(&s, &FakeRequest::new("GET", "/")), None);
+    // Envoy joins a repeated grpc-timeout (or expected-rq-timeout) into
+    // one value: the first counts, as for any repeated header.
+    for (header, value, ms) in [
+        ("grpc-timeout", &b"5m,5m"[..], 5),
+        ("grpc-timeout", b"300m, 2S", 300),
+        ("x-envoy-expected-rq-timeout-ms", b"800,900", 800),
+    ] {
+        let r = FakeRequest::new("POST", "/s/M").with_header(header, value);
+        assert_eq!(read(&s, &r).map(|d| d.remaining_ms), Some(ms), "{header}");
+    }
 }
 
 #[test]

@@ -190,6 +190,16 @@ pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     let cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
     let max_keys = validate_max_keys(at, raw.max_keys)?;
     let shaping = validate_shaping(at, raw.on_limit, raw.max_delay, raw.max_delayed, &algorithm)?;
+    if shaping.is_some() && raw.shadow {
+        // A shadow rule holds nothing: its counts could not show what
+        // holding would do (how many held, for how long, which refused
+        // past `max_delay` or `max_delayed`).
+        return Err(err(
+            format!("{at}.shadow"),
+            "cannot be combined with on_limit: delay (a shadow rule holds no request, so it cannot \
+             show what shaping would do; try the rule with on_limit: refuse in shadow first)",
+        ));
+    }
     let global = match raw.global {
         Some(g) if shaping.is_some() => {
             drop(g);

@@ -400,7 +400,7 @@ impl Limiter {
             }
             let cost = Self::cost(spec, req);
             let slack_ns = match spec.shaping {
-                Some(sh) if !spec.shadow => sh.max_delay_ns.min(cap(i)),
+                Some(sh) => sh.max_delay_ns.min(cap(i)),
                 _ => 0,
             };
             let ask = Ask {

@@ -63,7 +63,7 @@ pub fn action(
                 if let Some(r) = eval
                     .reports
                     .iter()
-                    .filter(|r| r.result == RuleResult::Allowed)
+                    .filter(|r| matches!(r.result, RuleResult::Allowed | RuleResult::Delayed))
                     .min_by_key(|r| r.remaining)
                 {
                     rate_headers(&mut out, spec.ratelimit_headers, r, policies, None);

@@ -561,7 +561,7 @@ impl RateLimits {
                 let left_ns = match (&self.deadlines, cx.waited_ms()) {
                     (Some(spec), waited) => crate::deadline::read(spec, req)
                         .map_or(u64::MAX, |d| {
-                            spec.remaining_ms(&d, waited).saturating_mul(NS_PER_MS)
+                            spec.wait_ms(&d, waited).saturating_mul(NS_PER_MS)
                         }),
                     (None, _) => u64::MAX,
                 };
@@ -668,7 +668,7 @@ impl RateLimits {
             .and_then(|d| crate::deadline::read(d, req));
         let waited = cx.waited_ms();
         let left_ns = match (&deadline, &self.deadlines) {
-            (Some(d), Some(spec)) => spec.remaining_ms(d, waited).saturating_mul(NS_PER_MS),
+            (Some(d), Some(spec)) => spec.wait_ms(d, waited).saturating_mul(NS_PER_MS),
             _ => u64::MAX,
         };
         let (held, limiter) = (&self.held, &self.limiter);
@@ -690,6 +690,9 @@ impl RateLimits {
         if eval.delay_ns == 0 || !matches!(eval.verdict, super::Verdict::Allow) {
             return self.answer(cx, &eval);
         }
+        // Admitted, at its turn: its response carries the rate-limit
+        // headers as any admitted one does (`headers_on_allowed`).
+        let response_headers = self.answer(cx, &eval).response_headers;
         let rules = eval
             .reports
             .iter()
@@ -707,7 +710,11 @@ impl RateLimits {
         self.count_held(cx, &h, 1);
         self.held.hold(h);
         cx.tick_changed = true;
-        Decision::of(Step::Pause, true)
+        Decision {
+            step: Step::Pause,
+            held: true,
+            response_headers,
+        }
     }
 
     /// The decision on an evaluated request that is not held.

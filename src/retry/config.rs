@@ -83,6 +83,14 @@ pub fn validate(at: &str, raw: RawBudget) -> Result<BudgetSpec, ConfigError> {
             format!("must be between 0 and 10 (retries per first try), got {ratio}"),
         ));
     }
+    // Kept in thousandths: a finer ratio would be rounded, and rounding up
+    // would let more retries through than configured.
+    if ((ratio * 1000.0).round() - ratio * 1000.0).abs() > 1e-6 {
+        return Err(err(
+            format!("{at}.ratio"),
+            format!("must be a multiple of 0.001, got {ratio}"),
+        ));
+    }
     let min = raw.min_per_second.unwrap_or(10);
     if !(0..=1_000_000).contains(&min) {
         return Err(err(

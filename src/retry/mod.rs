@@ -160,9 +160,8 @@ impl Budgets {
         };
         r.spec.retry_signs.iter().any(|s| {
             req.header(&s.header).is_some_and(|v| {
-                std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|t| t.trim().parse::<u64>().ok())
+                crate::request::first_value(&v)
+                    .and_then(crate::request::count)
                     .is_some_and(|n| n > s.above)
             })
         })

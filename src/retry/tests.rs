@@ -35,6 +35,25 @@ fn retries_are_told_apart_by_what_clients_and_proxies_send() {
     assert!(b.is_retry(0, &grpc));
     let junk = FakeRequest::new("GET", "/").with_header("x-envoy-attempt-count", b"two");
     assert!(!b.is_retry(0, &junk));
+    // Envoy joins a repeated attempt count into one value: the first
+    // counts, as for any repeated header; a count past u64 is a retry.
+    for (value, is_retry) in [
+        (&b"3,3"[..], true),
+        (b" 2 , 1", true),
+        (b"1,5", false),
+        (b"+2", true),
+        (b"99999999999999999999", true),
+        (b"-3", false),
+        (b",2", false),
+    ] {
+        let r = FakeRequest::new("GET", "/").with_header("x-envoy-attempt-count", value);
+        assert_eq!(
+            b.is_retry(0, &r),
+            is_retry,
+            "{:?}",
+            String::from_utf8_lossy(value)
+        );
+    }
     let own = budgets(
         r#"{"retry_budgets":[{"name":"b","retry_when":[{"header":"X-Retry","above":0}]}]}"#,
     );
@@ -143,6 +162,14 @@ fn bad_budgets_are_refused_naming_the_field() {
     for (json, field) in [
         (
             r#"{"retry_budgets":[{"name":"b","ratio":-1}]}"#,
+            "retry_budgets[0].ratio",
+        ),
+        (
+            r#"{"retry_budgets":[{"name":"b","ratio":0.0005}]}"#,
+            "retry_budgets[0].ratio",
+        ),
+        (
+            r#"{"retry_budgets":[{"name":"b","ratio":0.0015}]}"#,
             "retry_budgets[0].ratio",
         ),
         (

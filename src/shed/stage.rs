@@ -273,7 +273,7 @@ impl ShedStage {
     fn deadline(&self, req: &dyn RequestView, now: u64, waited_ms: u64) -> Option<(Deadline, u64)> {
         let spec = self.deadlines.as_ref()?;
         let d = crate::deadline::read(spec, req)?;
-        let at = now.saturating_add(spec.remaining_ms(&d, waited_ms));
+        let at = now.saturating_add(spec.wait_ms(&d, waited_ms));
         Some((d, at))
     }
 
