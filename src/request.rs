@@ -32,7 +32,18 @@ pub trait ResponseView {
     fn code_details(&self) -> Option<Vec<u8>>;
     /// The first value of a response header (lower-case name).
     fn header(&self, name: &str) -> Option<Vec<u8>>;
+
+    /// The status, and whether Envoy's router marked the response as the
+    /// upstream's (`x-envoy-upstream-service-time`, which it adds to every
+    /// upstream response unless told not to): the host reads both in one
+    /// call.
+    fn status_and_upstream_mark(&self) -> (Option<u32>, bool) {
+        (self.status(), self.header(UPSTREAM_MARK).is_some())
+    }
 }
+
+/// The header Envoy's router adds to a response that came from upstream.
+pub const UPSTREAM_MARK: &str = "x-envoy-upstream-service-time";
 
 /// The first of a header's comma-separated values, trimmed: Envoy joins
 /// repeated values of the headers it knows (`grpc-timeout`,

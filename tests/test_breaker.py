@@ -173,6 +173,54 @@ def test_slow_calls_trip_the_breaker_before_they_are_answered():
         assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
 
 
+def test_slow_call_times_the_upstream_not_a_wait_in_a_later_shedder():
+    """A request that waits in sluice (a shedder's queue, after the breaker
+    let it through) is not a slow call for that wait: 20 calls of 30 ms,
+    one at a time behind a shedder, wait up to 600 ms in all, under a
+    200 ms slow_call."""
+    cfg = {"circuit_breakers": [breaker(min_requests=5, failure={"slow_call": "200ms"},
+                                        open={"base": "5s", "max": "5s"})],
+           "shedders": [{"name": "one", "match": {"path_prefix": "/q"}, "priority": {"default": "critical"},
+                         "concurrency": {"max": 1, "queue": 50, "max_wait": "3s"}}]}
+    with Stack(cfg) as s:
+        quick = {"x-envoy-fault-delay-request": "30"}
+        t0 = time.time()
+        got = [b[0].status for b in http1.burst(s.port, [[http1.build("/q", quick)] for _ in range(20)])]
+        assert got == [200] * 20 and time.time() - t0 >= 0.5, got
+        time.sleep(0.25)  # past a tick: the breaker would have counted them
+        r = http1.get(s.port)
+        assert r.status == 200 and r.header("x-sluice-circuit") is None, r.headers
+        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+        # Calls slow at the upstream still count (30 at once, past the shedder:
+        # more than half of the window's calls).
+        slow = {"x-envoy-fault-delay-request": "300"}
+        got = [b[0].status for b in http1.burst(s.port, [[http1.build("/", slow)] for _ in range(30)])]
+        assert got == [200] * 30, got
+        assert wait_until(lambda: s.front.stat(
+            metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1)
+
+
+def test_a_later_filters_local_reply_counts_neither_way_whatever_its_status():
+    """A filter after sluice that answers itself (here Envoy's fault filter,
+    as a cache or a redirect would) says nothing about the upstream: its
+    200s do not dilute the upstream's error rate."""
+    fault = {"name": "envoy.filters.http.fault", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+        "abort": {"http_status": 200, "percentage": {"numerator": 100}},
+        "headers": [{"name": "x-local", "present_match": True}]}}
+    cfg = {"circuit_breakers": [breaker(open={"base": "5s", "max": "5s"})]}
+    with Stack(cfg, extra_filters=[fault]) as s:
+        c = http1.Conn(s.port)
+        assert [c.request("/", {"x-local": "1"}).status for _ in range(20)] == [200] * 20
+        assert s.upstream_requests() == 0
+        assert [c.request("/", FAIL).status for _ in range(10)] == [503] * 10
+        c.close()
+        assert wait_until(lambda: s.front.stat(
+            metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1)
+        r = http1.get(s.port)
+        assert (r.status, r.header("x-sluice-circuit")) == (503, "open"), r.headers
+
+
 def test_graded_breaking_refuses_in_proportion_to_the_error_rate():
     """graded: below the trip rate, requests are refused at random with a
     chance rising with the error rate (0 at `from`, `max` at the trip

@@ -41,6 +41,9 @@ BAD = [
     ('{"rate_limits":[{"name":"a",' + BUCKET + ',"on_limit":"delay","max_delay":"1s","max_delayed":-1}]}',
      "rate_limits[0].max_delayed: must be between 1 and 100000, got -1"),
     # Global rules: the service's cluster, its protocol, the backstop's share.
+    ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"cost":{"header":"x-cost"},'
+     '"global":{"cluster":"rls","instances":2}}]}',
+     "rate_limits[0].cost.max: is required for a global rule whose cost comes from a header"),
     ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"global":{"instances":2}}]}',
      "rate_limits[0].global.cluster: missing: the Envoy cluster of the rate-limit service"),
     ('{"rate_limits":[{"name":"a","key":["client_address"],' + BUCKET + ',"global":{"cluster":"rls","protocol":"http","instances":2}}]}',

@@ -332,12 +332,17 @@ def wasm_exports(data, leb):
     return names
 
 
-def test_a_key_over_its_limit_is_refused_until_the_services_reset():
+@pytest.mark.parametrize("cost", [None, {"header": "x-cost", "max": 3}], ids=["cost-1", "cost-header"])
+def test_a_key_over_its_limit_is_refused_until_the_services_reset(cost):
     """Once the service says a key is over its limit, the replica refuses it
     locally with Retry-After reaching the service's reset (never earlier),
-    and stops calling for it; a key still filling its pool is told 1 s."""
+    and stops calling for it; a key still filling its pool is told 1 s.
+    With a cost header the smallest call is the dearest request's cost
+    (`cost.max`): that one refused blocks the key as well."""
     limit = 5
     config = plugin(limit, period="1m", instances=1)
+    if cost:
+        config["rate_limits"][0]["cost"] = cost
     with RlsServer(limits(limit, unit="minute")) as rls, Upstream() as up, replica(up, rls.port, config) as fe:
         wait_out_window_edge(60, 15)
         got = []
@@ -358,6 +363,41 @@ def test_a_key_over_its_limit_is_refused_until_the_services_reset():
             assert get(fe.port, "t").status == 429
             time.sleep(0.02)
         assert rls.stats()["calls"] == calls, "no call for a key blocked until the reset"
+
+
+def test_requests_waiting_for_tokens_across_a_live_update_are_admitted():
+    """`wait_for_tokens` across an ECDS update: the calls made for the
+    waiting keys die with the old configuration; the waiting requests note
+    their demand again while they wait, so the new leader calls for them
+    and they are admitted, not refused when their wait runs out."""
+    from ecds import EcdsStack
+    config = plugin(1_000_000, instances=1, wait_for_tokens="1s", timeout="2s")
+    with RlsServer(limits(1_000_000), delay_ms=300) as rls, \
+            EcdsStack(config, clusters=[rls_cluster("rls", rls.port)]) as s:
+        leader = metric("sluice_global_leader", domain="global-test")
+        deadline = time.time() + 5
+        while s.front.stat(leader) != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert http1.get(s.port, "/", {"x-tenant": "warm"}).status in (200, 429)
+        got, lock = [], threading.Lock()
+
+        def one(k):
+            t = time.time()
+            r = http1.Conn(s.port, timeout=8).request("/", {"x-tenant": f"new-{k}"})
+            with lock:
+                got.append((r.status, time.time() - t))
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.15)
+        s.push(dict(config, rate_limits=config["rate_limits"] + [
+            {"name": "other", "match": {"path_prefix": "/other"}, "bucket": {"rate": 5, "period": "1s"}}]))
+        assert s.wait_stat("update_success", 2)
+        for t in threads:
+            t.join(timeout=12)
+        assert [g[0] for g in got] == [200] * 6, got
+        assert max(g[1] for g in got) < 0.95, got
 
 
 def test_a_live_update_keeps_one_leader_and_the_tokens_flowing():

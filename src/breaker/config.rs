@@ -2,8 +2,8 @@
 //! form. Errors name the field by its JSON path, like the rate limits'.
 
 use crate::config::fields::{
-    check_name, err, header_name, millis, positive, status, validate_match, ConfigError, RawMatch,
-    Strict,
+    check_name, err, header_name, millis, permille, positive, status, validate_match, ConfigError,
+    RawMatch, Strict,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
@@ -67,7 +67,8 @@ impl FailureSpec {
         };
         match details {
             Some(b"via_upstream") => by_status(),
-            // Details are only read for error statuses (see the adapter).
+            // A host that gives no details: judged by the status, as long
+            // as it is not an error a local reply could have made.
             None if status.is_some_and(|s| s < 400) => by_status(),
             Some(d)
                 if d.starts_with(b"upstream_")
@@ -312,8 +313,8 @@ fn graded(at: &str, raw: RawGraded, trip_permille: u32) -> Result<GradedSpec, Co
         ));
     }
     Ok(GradedSpec {
-        from_permille: (from * 1000.0).round() as u32,
-        max_permille: (max * 1000.0).round() as u32,
+        from_permille: permille(format!("{at}.graded.from"), from)?,
+        max_permille: permille(format!("{at}.graded.max"), max)?,
     })
 }
 
@@ -326,7 +327,7 @@ fn error_rate(at: &str, raw: Option<f64>) -> Result<u32, ConfigError> {
             format!("must be in (0, 1], got {rate}"),
         ));
     }
-    Ok((rate * 1000.0).round().max(1.0) as u32)
+    permille(format!("{at}.error_rate"), rate)
 }
 
 /// The open period's base, maximum (ms) and multiplier.

@@ -37,7 +37,9 @@ pub struct BreakerStage {
     store_failures: MetricId,
     /// The tickets of the streams that passed, until their response or
     /// end, and when each request started (ms).
-    tickets: FastMap<StreamId, (u64, Vec<Ticket>)>,
+    /// With when the call went upstream (`None` while it waits in a later
+    /// stage: time spent in sluice is not the upstream's).
+    tickets: FastMap<StreamId, (Option<u64>, Vec<Ticket>)>,
     /// Whether any breaker counts slow calls (the tick then looks for them).
     slow_calls: bool,
 }
@@ -197,7 +199,7 @@ impl BreakerStage {
             let Some(spec) = self.breakers.rules.get(t.breaker).map(|r| r.spec.clone()) else {
                 continue;
             };
-            let o = outcome(&spec.failure, now.saturating_sub(start));
+            let o = outcome(&spec.failure, start.map_or(0, |s| now.saturating_sub(s)));
             self.run(cx, &mut |b, store, rng, ev| {
                 b.record(store, now, t, o, rng, ev)
             });
@@ -210,7 +212,10 @@ impl BreakerStage {
     fn slow_calls(&mut self, cx: &mut Cx<'_, '_>, now: u64) {
         let mut slow = Vec::new();
         for (start, tickets) in self.tickets.values_mut() {
-            let elapsed = now.saturating_sub(*start);
+            let Some(start) = *start else {
+                continue;
+            };
+            let elapsed = now.saturating_sub(start);
             let rules = &self.breakers.rules;
             tickets.retain(|t| {
                 let late = rules
@@ -250,7 +255,7 @@ impl Stage for BreakerStage {
                         cx.add(m.probes, 1);
                     }
                 }
-                self.tickets.insert(stream, (now, tickets));
+                self.tickets.insert(stream, (Some(now), tickets));
                 Decision::of(Step::Continue, true)
             }
             Check::Throttle {
@@ -277,12 +282,16 @@ impl Stage for BreakerStage {
     }
 
     fn response(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, resp: &dyn ResponseView) -> bool {
-        let status = resp.status();
-        // Only an error status needs telling apart an upstream answer from
-        // an Envoy or filter local reply: skip the host call otherwise.
-        let details = match status {
-            Some(s) if s < 400 => None,
-            _ => resp.code_details(),
+        // Whatever the status, an upstream's answer is told apart from a
+        // local reply by Envoy or a later filter (a cache hit, a redirect,
+        // an authz denial), which says nothing about the upstream: by the
+        // router's mark, read with the status, or else (a local reply, or
+        // a router told not to mark) by Envoy's response code details.
+        let (status, marked) = resp.status_and_upstream_mark();
+        let details = if marked {
+            Some(b"via_upstream".to_vec())
+        } else {
+            resp.code_details()
         };
         self.report(
             cx,
@@ -299,6 +308,19 @@ impl Stage for BreakerStage {
     /// by a later stage) gives its probe claims back without a verdict.
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
         self.report(cx, stream, &|_, _| Outcome::Ignored);
+    }
+
+    fn waiting(&mut self, _cx: &mut Cx<'_, '_>, stream: StreamId) {
+        if let Some(t) = self.tickets.get_mut(&stream) {
+            t.0 = None;
+        }
+    }
+
+    /// `slow_call` counts from here: the call's time at the upstream.
+    fn departed(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
+        if let Some(t) = self.tickets.get_mut(&stream) {
+            t.0 = Some(cx.now_ms());
+        }
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {

@@ -232,6 +232,20 @@ pub fn millis_or_zero(field: &str, text: String) -> Result<u64, ConfigError> {
     whole_millis(field.to_string(), ns)
 }
 
+/// A fraction (a ratio, a rate) in thousandths, refused unless it is a
+/// whole number of them: rounded, a finer value would not be the one
+/// written (0.0004 would turn into 0, 0.0015 into 2 thousandths).
+pub fn permille(field: String, value: f64) -> Result<u32, ConfigError> {
+    let scaled = value * 1000.0;
+    if (scaled.round() - scaled).abs() > 1e-6 {
+        return Err(err(
+            field,
+            format!("must be a multiple of 0.001, got {value}"),
+        ));
+    }
+    Ok(scaled.round() as u32)
+}
+
 /// `ns` in milliseconds, refused unless whole: cut to a millisecond, a
 /// duration would not be the one written (and one just over a field's
 /// bound would pass it).

@@ -340,6 +340,26 @@ fn bad_configurations_name_the_field_and_the_problem() {
         ),
         (r#"{"domain":"a/b"}"#.into(), "domain", "may only contain"),
         (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":1.5}}]}"#.into(),
+            "shedders[0].concurrency.max",
+            "must be a whole number of requests, or \"auto\"",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":1},"latency":{"floor_window":"10s"}}]}"#.into(),
+            "shedders[0].latency",
+            "applies only to a shedder without concurrency",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","graded":{"max":0.0004}}]}"#.into(),
+            "circuit_breakers[0].graded.max",
+            "must be a multiple of 0.001, got 0.0004",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","error_rate":0.3333}]}"#.into(),
+            "circuit_breakers[0].error_rate",
+            "must be a multiple of 0.001",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a","key":[["header","x"]],"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
             "rate_limits[0].key[0]",
             "has the wrong JSON type: expected a name (a string)",

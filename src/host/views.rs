@@ -80,4 +80,21 @@ impl ResponseView for HostResponse {
             .ok()
             .flatten()
     }
+
+    /// One call for every header, instead of one per header.
+    fn status_and_upstream_mark(&self) -> (Option<u32>, bool) {
+        let Ok(headers) = hostcalls::get_map_bytes(MapType::HttpResponseHeaders) else {
+            return (None, false);
+        };
+        let mut status = None;
+        let mut marked = false;
+        for (name, value) in &headers {
+            if name == ":status" {
+                status = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+            } else if name == crate::request::UPSTREAM_MARK {
+                marked = true;
+            }
+        }
+        (status, marked)
+    }
 }

@@ -340,7 +340,10 @@ fn run(
     req: &dyn RequestView,
     from: usize,
 ) -> Verdict {
-    for (i, stage) in stages.iter_mut().enumerate().skip(from) {
+    for i in from..stages.len() {
+        let Some(stage) = stages.get_mut(i) else {
+            break;
+        };
         let d = stage.request(cx, stream.id, req);
         if d.held {
             stream.holds |= 1 << i;
@@ -361,6 +364,7 @@ fn run(
                     // The first pause is in the call the request arrived in.
                     stream.arrived_ms = Some(cx.now_ms());
                 }
+                tell_holders(stages, cx, stream, i, |s, cx, id| s.waiting(cx, id));
                 return Verdict::Pause;
             }
             Step::Reply(r) => {
@@ -369,7 +373,28 @@ fn run(
             }
         }
     }
+    if stream.arrived_ms.is_some() {
+        tell_holders(stages, cx, stream, stages.len(), |s, cx, id| {
+            s.departed(cx, id)
+        });
+    }
     Verdict::Continue
+}
+
+/// Tells each stage before `upto` that holds something for the stream
+/// (only streams that wait somewhere get here).
+fn tell_holders(
+    stages: &mut [Box<dyn Stage>],
+    cx: &mut Cx<'_, '_>,
+    stream: &Stream,
+    upto: usize,
+    tell: fn(&mut dyn Stage, &mut Cx<'_, '_>, StreamId),
+) {
+    for (i, stage) in stages.iter_mut().enumerate().take(upto) {
+        if stream.holds & (1 << i) != 0 {
+            tell(stage.as_mut(), cx, stream.id);
+        }
+    }
 }
 
 /// Tells every stage holding something for the stream that it ended, and

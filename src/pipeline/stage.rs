@@ -217,6 +217,15 @@ pub trait Stage {
     /// release what it holds.
     fn end(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId) {}
 
+    /// A stream this stage let through (and holds something for) waits in
+    /// a later stage: it has not gone upstream yet.
+    fn waiting(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId) {}
+
+    /// A stream this stage holds something for went on upstream after
+    /// waiting in a later stage. (One that never waited goes on in the
+    /// call that let it through, and is not told.)
+    fn departed(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId) {}
+
     /// Periodic work (every tick).
     fn tick(&mut self, _cx: &mut Cx<'_, '_>) {}
 

@@ -187,7 +187,21 @@ pub fn check_waits(rules: &[RuleSpec]) -> Result<(), ConfigError> {
 pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
     let algorithm = validate_algorithm(at, &raw)?;
-    let cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
+    let cost_max_given = raw.cost.as_ref().is_some_and(|c| c.max.is_some());
+    let mut cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
+    if raw.global.is_some() && !cost_max_given {
+        // Every batch a global rule fetches is at least `cost.max`: the
+        // default (the whole limit) would fetch the whole limit at once.
+        if cost.header.is_some() {
+            return Err(err(
+                format!("{at}.cost.max"),
+                "is required for a global rule whose cost comes from a header: every batch of \
+                 tokens fetched is at least the dearest request, so give the dearest cost you \
+                 expect (the default, the whole limit, would fetch it all at once)",
+            ));
+        }
+        cost.max = cost.default;
+    }
     let max_keys = validate_max_keys(at, raw.max_keys)?;
     let shaping = validate_shaping(at, raw.on_limit, raw.max_delay, raw.max_delayed, &algorithm)?;
     if shaping.is_some() && raw.shadow {

@@ -39,7 +39,14 @@ struct Waiting {
     /// When it started waiting here, and until when it may.
     since_ns: u64,
     until_ns: u64,
+    /// When its demand was last noted.
+    noted_ns: u64,
 }
+
+/// A request still waiting for tokens notes its demand again this often:
+/// the leader that took the first note may be gone with its call (a new
+/// configuration), and the next one must learn that the key is wanted.
+const NOTE_AGAIN_NS: u64 = 100 * NS_PER_MS;
 
 /// Requests that may wait for tokens on one worker at once; more are
 /// refused at once, as without `wait_for_tokens`.
@@ -322,7 +329,7 @@ impl Stage for RateLimits {
                 now.saturating_sub(w.since_ns)
             }
             None => {
-                self.note_demand(cx, &eval, req);
+                self.note_demand(cx, &eval, req, false);
                 0
             }
         };
@@ -437,7 +444,15 @@ impl Stage for RateLimits {
 impl RateLimits {
     /// Notes the demand of the global rules a request matched (reading
     /// the key's parts only the first time in a report interval).
-    fn note_demand(&mut self, cx: &mut Cx<'_, '_>, eval: &Evaluation, req: &dyn RequestView) {
+    /// `again`: a request still waiting notes its demand once more (not
+    /// counted as starved twice).
+    fn note_demand(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        eval: &Evaluation,
+        req: &dyn RequestView,
+        again: bool,
+    ) {
         let Some(g) = self.global.as_mut() else {
             return;
         };
@@ -451,17 +466,19 @@ impl RateLimits {
             if matches!(eval.verdict, super::Verdict::Deny { rule: by, .. } if by != rule) {
                 continue;
             }
-            // Refused for want of tokens (not over the limit: that waits
-            // for the reset, not a second).
+            // Refused for want of tokens being fetched (not over the limit:
+            // that waits for the reset, not a second; nor refused with the
+            // service down and `failure_mode_deny`: nothing is fetched).
             let Some(report) = eval.reports.iter().find(|x| x.rule == rule) else {
                 continue;
             };
             let starved = matches!(
                 report.result,
                 RuleResult::Limited | RuleResult::ShadowLimited
-            ) && report.wait_ns == super::global::STARVED_WAIT_NS;
+            ) && report.wait_ns == super::global::STARVED_WAIT_NS
+                && g.mode(*gi) == Mode::Service;
             if starved {
-                if let Some(m) = self.global_metrics.get(*gi) {
+                if let (Some(m), false) = (self.global_metrics.get(*gi), again) {
                     cx.add(m.starved, 1);
                 }
                 if !g.wants_fast_tick() {
@@ -555,7 +572,15 @@ impl RateLimits {
     ) -> Option<Decision> {
         let wait_ns = self.tokens_wait(eval)?;
         let until_ns = match again {
-            Some(i) => self.waiting.get(i)?.until_ns,
+            Some(i) => {
+                let w = self.waiting.get_mut(i)?;
+                let until_ns = w.until_ns;
+                if now < until_ns && now.saturating_sub(w.noted_ns) >= NOTE_AGAIN_NS {
+                    w.noted_ns = now;
+                    self.note_demand(cx, eval, req, true);
+                }
+                until_ns
+            }
             None if self.waiting.len() >= MAX_WAITING => return None,
             None => {
                 let left_ns = match (&self.deadlines, cx.waited_ms()) {
@@ -572,11 +597,12 @@ impl RateLimits {
             return None;
         }
         if again.is_none() {
-            self.note_demand(cx, eval, req);
+            self.note_demand(cx, eval, req, false);
             self.waiting.push(Waiting {
                 stream,
                 since_ns: now,
                 until_ns,
+                noted_ns: now,
             });
             cx.tick_changed = true;
         }
@@ -686,7 +712,7 @@ impl RateLimits {
         };
         let eval = limiter.evaluate_shaped(cx.store(), now, req, &cap);
         self.record(cx, &eval);
-        self.note_demand(cx, &eval, req);
+        self.note_demand(cx, &eval, req, false);
         if eval.delay_ns == 0 || !matches!(eval.verdict, super::Verdict::Allow) {
             return self.answer(cx, &eval);
         }

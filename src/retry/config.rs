@@ -2,7 +2,8 @@
 //! validated form.
 
 use crate::config::fields::{
-    check_name, err, header_name, millis, status, validate_match, ConfigError, RawMatch, Strict,
+    check_name, err, header_name, millis, permille, status, validate_match, ConfigError, RawMatch,
+    Strict,
 };
 use crate::matcher::Match;
 use serde::Deserialize;
@@ -83,14 +84,7 @@ pub fn validate(at: &str, raw: RawBudget) -> Result<BudgetSpec, ConfigError> {
             format!("must be between 0 and 10 (retries per first try), got {ratio}"),
         ));
     }
-    // Kept in thousandths: a finer ratio would be rounded, and rounding up
-    // would let more retries through than configured.
-    if ((ratio * 1000.0).round() - ratio * 1000.0).abs() > 1e-6 {
-        return Err(err(
-            format!("{at}.ratio"),
-            format!("must be a multiple of 0.001, got {ratio}"),
-        ));
-    }
+    let ratio_permille = permille(format!("{at}.ratio"), ratio)?;
     let min = raw.min_per_second.unwrap_or(10);
     if !(0..=1_000_000).contains(&min) {
         return Err(err(
@@ -119,7 +113,7 @@ pub fn validate(at: &str, raw: RawBudget) -> Result<BudgetSpec, ConfigError> {
     };
     Ok(BudgetSpec {
         matcher: validate_match(at, raw.matcher.map(Strict::into_inner).unwrap_or_default())?,
-        ratio_permille: (ratio * 1000.0).round() as u32,
+        ratio_permille,
         min_per_second: min as u32,
         window_ms,
         retry_signs,

@@ -148,7 +148,10 @@ struct RawConcurrency {
 /// `concurrency.max`: a number, or `"auto"`.
 #[derive(Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "must be a whole number of requests, or \"auto\""
+)]
 enum RawMax {
     Fixed(i64),
     Auto(String),
@@ -205,6 +208,13 @@ pub fn validate(at: &str, raw: RawShedder) -> Result<ShedderSpec, ConfigError> {
     let interval_ms = millis(format!("{at}.interval"), raw.interval, "100ms")?;
     if interval_ms <= target_ms {
         return Err(err(format!("{at}.interval"), "must be longer than target"));
+    }
+    if raw.concurrency.is_some() && raw.latency.is_some() {
+        return Err(err(
+            format!("{at}.latency"),
+            "applies only to a shedder without concurrency (latency mode); with concurrency, \
+             queue time is measured in sluice's own queue",
+        ));
     }
     Ok(ShedderSpec {
         name: raw.name,

@@ -48,6 +48,22 @@ pub struct ShedStage {
     deadline_of: FastMap<StreamId, Deadline>,
     /// Defined only with a `deadlines` section.
     deadline_refused: Option<MetricId>,
+    /// A queued stream that more shedders match: those, to pass once it
+    /// leaves the queue it waits in.
+    rest: FastMap<StreamId, Rest>,
+    /// `wake` is running: a release meanwhile (a stream shed by a later
+    /// shedder as it left a queue) asks for another round instead of a
+    /// nested one.
+    waking: bool,
+    wake_again: bool,
+}
+
+/// The shedders a queued stream has still to pass.
+struct Rest {
+    classes: Vec<(usize, Class)>,
+    /// When its deadline passes (ms), if it sent one.
+    until: Option<u64>,
+    arrived_ms: u64,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -102,6 +118,9 @@ pub fn build(
         watched: FastMap::default(),
         deadlines: config.deadlines.clone(),
         deadline_of: FastMap::default(),
+        rest: FastMap::default(),
+        waking: false,
+        wake_again: false,
         deadline_refused: config.deadlines.as_ref().map(|_| {
             reg.labelled(
                 Kind::Counter,
@@ -198,6 +217,21 @@ impl ShedStage {
 
     /// Resumes or sheds queued streams (after a release, and on ticks).
     fn wake(&mut self, cx: &mut Cx<'_, '_>) {
+        if self.waking {
+            self.wake_again = true;
+            return;
+        }
+        self.waking = true;
+        loop {
+            self.wake_round(cx);
+            if !std::mem::take(&mut self.wake_again) {
+                break;
+            }
+        }
+        self.waking = false;
+    }
+
+    fn wake_round(&mut self, cx: &mut Cx<'_, '_>) {
         for s in 0..self.shedders.rules.len() {
             let sh = &self.shedders;
             if sh.queued(s) == 0 && !sh.overloaded(s) && !sh.has_retries() {
@@ -219,6 +253,10 @@ impl ShedStage {
                         if slot {
                             self.hold(cx, id, s);
                         }
+                        if let Some(rest) = self.rest.remove(&id) {
+                            self.pass_rest(cx, id, rest);
+                            continue;
+                        }
                         let set_headers = self.reduced_deadline(id, waited_ms);
                         cx.effects.push(Effect::Resume {
                             stream: id,
@@ -234,6 +272,64 @@ impl ShedStage {
             }
         }
         cx.tick_changed = true;
+    }
+
+    /// A stream out of one shedder's queue goes through the later shedders
+    /// that match it, as it would have on arrival: each may admit it, queue
+    /// it (again) or shed it. Admitted by all, it goes on.
+    fn pass_rest(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, rest: Rest) {
+        let now = cx.now_ms();
+        let deadline = self.deadline_of.remove(&id);
+        let d = deadline.clone().zip(rest.until);
+        let mut watched = Vec::new();
+        match self.arrive(
+            cx,
+            (id, now, rest.arrived_ms),
+            rest.classes,
+            d,
+            &mut watched,
+        ) {
+            None => {
+                self.watch(id, watched, now);
+                if self.adaptive && self.held.contains_key(&id) {
+                    // Its latency sample starts when it goes upstream.
+                    let now_ns = cx.now_ns();
+                    self.admitted_ns.insert(id, now_ns);
+                }
+                let waited_ms = now.saturating_sub(rest.arrived_ms);
+                let set_headers = crate::deadline::resume_headers(
+                    self.deadlines.as_ref(),
+                    deadline.as_ref(),
+                    waited_ms,
+                );
+                cx.effects.push(Effect::Resume {
+                    stream: id,
+                    set_headers,
+                });
+            }
+            Some(Step::Reply(rejection)) => {
+                for s in watched {
+                    self.shedders.abandoned(s);
+                }
+                cx.effects.push(Effect::Reply {
+                    stream: id,
+                    rejection,
+                });
+            }
+            // Queued again, at a later shedder.
+            Some(_) => self.watch(id, watched, now),
+        }
+    }
+
+    /// Latency-mode shedders that let a stream through watch its response.
+    fn watch(&mut self, id: StreamId, watched: Vec<usize>, now: u64) {
+        if !watched.is_empty() {
+            self.watched
+                .entry(id)
+                .or_insert_with(|| (Vec::new(), now))
+                .0
+                .extend(watched);
+        }
     }
 
     /// The deadline header a resumed stream goes upstream with: what was
@@ -281,6 +377,7 @@ impl ShedStage {
     /// lets waiters in.
     fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
         self.deadline_of.remove(&id);
+        self.rest.remove(&id);
         if self.adaptive {
             self.admitted_ns.remove(&id);
         }
@@ -306,13 +403,13 @@ impl ShedStage {
     fn arrive(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        (id, now): (StreamId, u64),
+        (id, now, arrived_ms): (StreamId, u64, u64),
         classes: Vec<(usize, Class)>,
         deadline: Option<(Deadline, u64)>,
         watched: &mut Vec<usize>,
     ) -> Option<Step> {
         let until = deadline.as_ref().map(|d| d.1);
-        for (s, class) in classes {
+        for (k, &(s, class)) in classes.iter().enumerate() {
             let arrival = self
                 .shedders
                 .arrive_until(cx.store(), now, s, (id, class), until);
@@ -349,7 +446,16 @@ impl ShedStage {
                     if let Some((d, _)) = deadline {
                         self.deadline_of.insert(id, d);
                     }
-                    // Only the first shedder with a queue applies to a request.
+                    // The shedders after this one see it when it leaves
+                    // the queue (`pass_rest`).
+                    if let Some(more) = classes.get(k + 1..).filter(|m| !m.is_empty()) {
+                        let rest = Rest {
+                            classes: more.to_vec(),
+                            until,
+                            arrived_ms,
+                        };
+                        self.rest.insert(id, rest);
+                    }
                     return Some(Step::Pause);
                 }
             }
@@ -377,7 +483,8 @@ impl Stage for ShedStage {
             let waited = cx.waited_ms();
             self.deadline(req, now, waited)
         };
-        let step = self.arrive(cx, (id, now), classes, deadline, &mut watched);
+        let arrived_ms = now.saturating_sub(cx.waited_ms());
+        let step = self.arrive(cx, (id, now, arrived_ms), classes, deadline, &mut watched);
         if let Some(Step::Reply(r)) = step {
             for s in watched {
                 self.shedders.abandoned(s);

@@ -830,10 +830,11 @@ impl Coordinator {
         // unit's window is the one the call started in).
         let until = window_end(started_ms, status, rule.window_ms);
         let (slots, tag) = pool_slots(rule, fp);
-        // A refused batch of several hits is followed by one of a single
-        // hit (a server that does not count refused hits may still have
-        // a few); a refused single hit blocks the key until the reset.
-        let block = result == CallResult::OverLimit && hits == 1;
+        // A refused batch is followed by the smallest call made (a single
+        // hit, or the dearest request's cost: a server that does not count
+        // refused hits may still have a few); that one refused blocks the
+        // key until the reset.
+        let block = result == CallResult::OverLimit && u64::from(hits) <= rule.cost_max;
         let fresh = fresh(&self.owners, g, now_ms);
         let site = (slots.as_slice(), tag);
         let dropped = match result {
