@@ -17,6 +17,8 @@
 //! queued or in flight, a configuration replaced mid-stream); a request
 //! refused by one stage spends nothing in the others.
 
+#[cfg(test)]
+mod chain_tests;
 pub mod stage;
 pub mod telemetry;
 #[cfg(test)]

@@ -46,7 +46,10 @@ struct Waiting {
 /// A request still waiting for tokens notes its demand again this often:
 /// the leader that took the first note may be gone with its call (a new
 /// configuration), and the next one must learn that the key is wanted.
-const NOTE_AGAIN_NS: u64 = 100 * NS_PER_MS;
+/// (Each note counts the request's cost once more in the key's rate: a
+/// request that waits long looks like a few, which only makes the next
+/// batch larger, within its caps.)
+const NOTE_AGAIN_NS: u64 = 250 * NS_PER_MS;
 
 /// Requests that may wait for tokens on one worker at once; more are
 /// refused at once, as without `wait_for_tokens`.

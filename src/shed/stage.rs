@@ -45,7 +45,9 @@ pub struct ShedStage {
     /// their deadline, and one that waited goes upstream with it reduced.
     deadlines: Option<DeadlineSpec>,
     /// The deadline of each queued stream that sent one.
-    deadline_of: FastMap<StreamId, Deadline>,
+    /// With when this stage read it (ms): a wait here is taken off from
+    /// then, whatever earlier stages already took off.
+    deadline_of: FastMap<StreamId, (Deadline, u64)>,
     /// Defined only with a `deadlines` section.
     deadline_refused: Option<MetricId>,
     /// A queued stream that more shedders match: those, to pass once it
@@ -63,7 +65,8 @@ struct Rest {
     classes: Vec<(usize, Class)>,
     /// When its deadline passes (ms), if it sent one.
     until: Option<u64>,
-    arrived_ms: u64,
+    /// When it came to this stage (ms).
+    read_ms: u64,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -257,7 +260,8 @@ impl ShedStage {
                             self.pass_rest(cx, id, rest);
                             continue;
                         }
-                        let set_headers = self.reduced_deadline(id, waited_ms);
+                        self.departs(cx, id);
+                        let set_headers = self.reduced_deadline(id, now);
                         cx.effects.push(Effect::Resume {
                             stream: id,
                             set_headers,
@@ -279,24 +283,14 @@ impl ShedStage {
     /// it (again) or shed it. Admitted by all, it goes on.
     fn pass_rest(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, rest: Rest) {
         let now = cx.now_ms();
-        let deadline = self.deadline_of.remove(&id);
+        let deadline = self.deadline_of.remove(&id).map(|(d, _)| d);
         let d = deadline.clone().zip(rest.until);
         let mut watched = Vec::new();
-        match self.arrive(
-            cx,
-            (id, now, rest.arrived_ms),
-            rest.classes,
-            d,
-            &mut watched,
-        ) {
+        match self.arrive(cx, (id, now, rest.read_ms), rest.classes, d, &mut watched) {
             None => {
                 self.watch(id, watched, now);
-                if self.adaptive && self.held.contains_key(&id) {
-                    // Its latency sample starts when it goes upstream.
-                    let now_ns = cx.now_ns();
-                    self.admitted_ns.insert(id, now_ns);
-                }
-                let waited_ms = now.saturating_sub(rest.arrived_ms);
+                self.departs(cx, id);
+                let waited_ms = now.saturating_sub(rest.read_ms);
                 let set_headers = crate::deadline::resume_headers(
                     self.deadlines.as_ref(),
                     deadline.as_ref(),
@@ -321,6 +315,16 @@ impl ShedStage {
         }
     }
 
+    /// A stream that waited goes upstream now: an adaptive limit's latency
+    /// sample starts here, not at a slot taken before a wait at another
+    /// shedder.
+    fn departs(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        if self.adaptive && self.held.contains_key(&id) {
+            let now_ns = cx.now_ns();
+            self.admitted_ns.insert(id, now_ns);
+        }
+    }
+
     /// Latency-mode shedders that let a stream through watch its response.
     fn watch(&mut self, id: StreamId, watched: Vec<usize>, now: u64) {
         if !watched.is_empty() {
@@ -333,10 +337,14 @@ impl ShedStage {
     }
 
     /// The deadline header a resumed stream goes upstream with: what was
-    /// left when it arrived, less its wait (when `propagate` is on).
-    fn reduced_deadline(&mut self, id: StreamId, waited_ms: u64) -> Vec<(String, String)> {
-        let d = self.deadline_of.remove(&id);
-        crate::deadline::resume_headers(self.deadlines.as_ref(), d.as_ref(), waited_ms)
+    /// left when it came to this stage, less its wait here since (when
+    /// `propagate` is on).
+    fn reduced_deadline(&mut self, id: StreamId, now: u64) -> Vec<(String, String)> {
+        let Some((d, read_ms)) = self.deadline_of.remove(&id) else {
+            return Vec::new();
+        };
+        let waited_ms = now.saturating_sub(read_ms);
+        crate::deadline::resume_headers(self.deadlines.as_ref(), Some(&d), waited_ms)
     }
 
     /// Answers a queued stream whose deadline passed while it waited.
@@ -403,7 +411,7 @@ impl ShedStage {
     fn arrive(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        (id, now, arrived_ms): (StreamId, u64, u64),
+        (id, now, read_ms): (StreamId, u64, u64),
         classes: Vec<(usize, Class)>,
         deadline: Option<(Deadline, u64)>,
         watched: &mut Vec<usize>,
@@ -444,7 +452,7 @@ impl ShedStage {
                         self.shed_other(cx, s, w.class, w.id);
                     }
                     if let Some((d, _)) = deadline {
-                        self.deadline_of.insert(id, d);
+                        self.deadline_of.insert(id, (d, read_ms));
                     }
                     // The shedders after this one see it when it leaves
                     // the queue (`pass_rest`).
@@ -452,7 +460,7 @@ impl ShedStage {
                         let rest = Rest {
                             classes: more.to_vec(),
                             until,
-                            arrived_ms,
+                            read_ms,
                         };
                         self.rest.insert(id, rest);
                     }
@@ -483,8 +491,7 @@ impl Stage for ShedStage {
             let waited = cx.waited_ms();
             self.deadline(req, now, waited)
         };
-        let arrived_ms = now.saturating_sub(cx.waited_ms());
-        let step = self.arrive(cx, (id, now, arrived_ms), classes, deadline, &mut watched);
+        let step = self.arrive(cx, (id, now, now), classes, deadline, &mut watched);
         if let Some(Step::Reply(r)) = step {
             for s in watched {
                 self.shedders.abandoned(s);
