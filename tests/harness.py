@@ -8,6 +8,7 @@ test process, and is stopped when the `with` block ends.
 import json
 import re
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -73,7 +74,39 @@ def stop_child(proc, seconds):
             proc.wait()
 
 
+def _ephemeral_range():
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+_HANDED_OUT = set()
+_PORTS = random.Random(os.getpid())
+
+
 def free_port():
+    """A free port for a server a test starts, below the kernel's ephemeral
+    range when there is room: a port the kernel picked for `bind(0)` can
+    be taken as the source port of an outgoing connection (a client's, or
+    Envoy's to its upstream) before the server binds it ("Address already
+    in use"); one outside that range never is. Not handed out twice in a
+    process."""
+    low, high = 20000, _EPHEMERAL[0] - 1
+    if high - low > 1000:
+        for _ in range(200):
+            port = _PORTS.randint(low, high)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
