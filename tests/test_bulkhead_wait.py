@@ -7,7 +7,7 @@ records each tenant's peak of requests in flight:
   header reduced by its wait; those whose max_wait passes get 429 (the line
   is bounded per worker); one that waited is seen by the rate limit only
   then; clients that leave while waiting leave nothing behind;
-- at scale: 1,000 concurrent requests over 50 tenants (limit 5 each), then
+- at scale: 1,000 concurrent requests over 20 tenants (limit 5 each), then
   again with 30% of the clients leaving mid-flight, and afterwards every
   tenant's full limit is free again.
 """
@@ -26,8 +26,10 @@ LIMITS = [
      "max_keys": 100000, "max_wait": "3s"},
     {"name": "short", "match": {"path_prefix": "/x/"}, "key": [{"header": "x-tenant"}], "max": 2,
      "max_keys": 100000, "max_wait": "300ms", "queue": 1},
+    # Twenty tenants in 100,000 entries: two share one (and its count, as
+    # documented) in about 0.2% of runs (50 did in about 1.2%: seen once).
     {"name": "scale", "match": {"path_prefix": "/scale/"}, "key": [{"header": "x-tenant"}], "max": 5,
-     "max_keys": 100000, "max_wait": "5s"},
+     "max_keys": 100000, "max_wait": "5s", "queue": 100},
 ]
 CFG = {
     "concurrency_limits": LIMITS,
@@ -188,12 +190,13 @@ def test_waiters_go_as_places_free_never_past_max_wait_and_leave_nothing_behind(
         assert up.stats()["tenants"]["c"]["peak"] == 3
 
 
-def test_a_thousand_concurrent_requests_over_fifty_tenants_with_clients_leaving():
-    tenants = [f"t{i}" for i in range(50)]
+def test_a_thousand_concurrent_requests_over_twenty_tenants_with_clients_leaving():
+    tenants = [f"t{i}" for i in range(20)]
+    per_tenant = 50
     with SlowUpstream(10000, 0) as up, stack(up) as s:
-        # 20 per tenant, 5 at a time: four waves of 200 ms.
+        # 50 per tenant, 5 at a time: ten waves of 200 ms.
         t0 = time.time()
-        got = together([(timed, (s.port, "/scale/", h(t, 200))) for t in tenants for _ in range(20)])
+        got = together([(timed, (s.port, "/scale/", h(t, 200))) for t in tenants for _ in range(per_tenant)])
         took = time.time() - t0
         statuses = [r.status if r else None for r, _ in (g or (None, 0) for g in got)]
         assert statuses.count(200) == 1000, {x: statuses.count(x) for x in set(statuses)}
@@ -208,7 +211,7 @@ def test_a_thousand_concurrent_requests_over_fifty_tenants_with_clients_leaving(
         rng = random.Random(17)
         calls = []
         for t in tenants:
-            for i in range(20):
+            for i in range(per_tenant):
                 if i % 10 < 3:
                     calls.append((leave_after, (s.port, "/scale/", h(t, 200), rng.uniform(0.02, 0.18))))
                 else:
@@ -222,12 +225,12 @@ def test_a_thousand_concurrent_requests_over_fifty_tenants_with_clients_leaving(
         stats = up.stats()["tenants"]
         assert sum(v["gone"] for v in stats.values()) > 20, "few left while the upstream served them"
         peaks = {t: answered_peak(v["intervals"]) for t, v in stats.items()}
-        assert max(peaks.values()) <= 5 and sum(peaks.values()) > 4 * 50, peaks
+        assert max(peaks.values()) <= 5 and sum(peaks.values()) > 4 * len(tenants), peaks
 
         # Afterwards every tenant's full limit is free: 5 each at once, none waits.
         assert not any(settle(s, ["scale"]).values())
         up.reset_peaks()
         got = together([(timed, (s.port, "/scale/", h(t, 600))) for t in tenants for _ in range(5)])
-        assert [r.status for r, _ in got] == [200] * 250
+        assert [r.status for r, _ in got] == [200] * (5 * len(tenants))
         assert max(t for _, t in got) < 1.1, max(t for _, t in got)  # a wait would take 1.2 s
         assert {v["peak"] for v in up.stats()["tenants"].values()} == {5}
