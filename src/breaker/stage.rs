@@ -283,20 +283,22 @@ impl Stage for BreakerStage {
 
     fn response(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, resp: &dyn ResponseView) -> bool {
         // Whatever the status, an upstream's answer is told apart from a
-        // local reply by Envoy or a later filter (a cache hit, a redirect,
-        // an authz denial), which says nothing about the upstream: by the
-        // router's mark, read with the status, or else (a local reply, or
-        // a router told not to mark) by Envoy's response code details.
+        // local reply by Envoy or a later filter (a redirect, an authz
+        // denial, a filter's own 200), which says nothing about the
+        // upstream: by the router's mark, read with the status, or else (a
+        // local reply, or a router told not to mark) by Envoy's response
+        // code details.
         let (status, marked) = resp.status_and_upstream_mark();
+        let read = if marked { None } else { resp.code_details() };
         let details = if marked {
-            Some(b"via_upstream".to_vec())
+            Some(&b"via_upstream"[..])
         } else {
-            resp.code_details()
+            read.as_deref()
         };
         self.report(
             cx,
             stream,
-            &|f, took_ms| match f.classify(status, details.as_deref()) {
+            &|f, took_ms| match f.classify(status, details) {
                 Outcome::Success if f.slow_ms.is_some_and(|s| took_ms >= s) => Outcome::Failure,
                 o => o,
             },

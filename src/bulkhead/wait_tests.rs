@@ -6,11 +6,10 @@
 //! places, and bad settings named by field.
 
 use crate::config::parse;
-use crate::pipeline::telemetry::{MetricId, Sink};
+use crate::pipeline::telemetry::Recorder;
 use crate::pipeline::{Effect, Env, Outcome, Pipeline, Stream, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
-use std::collections::HashMap;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -25,28 +24,11 @@ const CFG: &str = r#"{"concurrency_limits":[{"name":"one","key":[{"header":"x-t"
     "bucket":{"rate":1,"period":"1h","burst":3}}],
   "deadlines":{}}"#;
 
-#[derive(Default)]
-struct Sums {
-    names: Vec<String>,
-    sums: HashMap<String, i64>,
-}
-
-impl Sink for Sums {
-    fn add(&mut self, m: MetricId, by: i64) {
-        let name = self.names.get(m as usize).cloned().unwrap_or_default();
-        *self.sums.entry(name).or_default() += by;
-    }
-    fn add_now(&mut self, m: MetricId, by: i64) {
-        self.add(m, by);
-    }
-    fn record(&mut self, _m: MetricId, _value: u64) {}
-}
-
 /// Workers (pipelines) over one store, at a manual time.
 struct World {
     store: MemoryStore,
     now: u64,
-    workers: Vec<(Pipeline, Sums)>,
+    workers: Vec<(Pipeline, Recorder)>,
 }
 
 impl World {
@@ -59,14 +41,8 @@ impl World {
         };
         for i in 0..n {
             let p = Pipeline::build(&config, (1, 2), i as u32, T0 / MS, i as u64).expect("builds");
-            let names = p.metrics.defs.iter().map(|d| d.name.clone()).collect();
-            w.workers.push((
-                p,
-                Sums {
-                    names,
-                    ..Sums::default()
-                },
-            ));
+            let rec = Recorder::of(&p.metrics);
+            w.workers.push((p, rec));
             w.call(i, |p, env| {
                 (p.start(env).expect("starts"), Outcome::default())
             });

@@ -3,13 +3,12 @@
 //! deadline header reduced by its waits exactly once, and nothing leaks
 //! (from an outside review's harness).
 
-use super::telemetry::{MetricId, Sink};
+use super::telemetry::Recorder;
 use super::*;
 use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -17,25 +16,9 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 const T0: u64 = 1_700_000_000_000_000_000;
 const MS: u64 = 1_000_000;
 
-#[derive(Default)]
-struct Rec {
-    names: Vec<String>,
-    sums: HashMap<String, i64>,
-}
-impl Sink for Rec {
-    fn add(&mut self, m: MetricId, by: i64) {
-        let n = self.names.get(m as usize).cloned().unwrap_or_default();
-        *self.sums.entry(n).or_default() += by;
-    }
-    fn add_now(&mut self, m: MetricId, by: i64) {
-        self.add(m, by)
-    }
-    fn record(&mut self, _m: MetricId, _v: u64) {}
-}
-
 pub struct H {
     pub p: Pipeline,
-    rec: Rec,
+    rec: Recorder,
     store: MemoryStore,
     pub now: Rc<Cell<u64>>,
     pub streams: Vec<Stream>,
@@ -48,10 +31,7 @@ impl H {
     pub fn new(json: &str) -> H {
         let config = parse(json.as_bytes()).expect("valid");
         let p = Pipeline::build(&config, (1, 2), 7, T0 / MS, 1).expect("builds");
-        let rec = Rec {
-            names: p.metrics.defs.iter().map(|d| d.name.clone()).collect(),
-            ..Rec::default()
-        };
+        let rec = Recorder::of(&p.metrics);
         let mut h = H {
             p,
             rec,

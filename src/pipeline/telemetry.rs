@@ -104,6 +104,40 @@ pub trait Sink {
     fn record(&mut self, m: MetricId, value: u64);
 }
 
+/// A sink for tests: sums every counter and gauge change, by name.
+#[cfg(test)]
+#[derive(Default)]
+pub struct Recorder {
+    pub names: Vec<String>,
+    pub sums: std::collections::HashMap<String, i64>,
+}
+
+#[cfg(test)]
+impl Recorder {
+    /// A recorder that knows the names of `reg`'s metrics.
+    pub fn of(reg: &Registry) -> Self {
+        Recorder {
+            names: reg.defs.iter().map(|d| d.name.clone()).collect(),
+            ..Recorder::default()
+        }
+    }
+
+    fn name(&self, m: MetricId) -> String {
+        self.names.get(m as usize).cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+impl Sink for Recorder {
+    fn add(&mut self, m: MetricId, by: i64) {
+        *self.sums.entry(self.name(m)).or_default() += by;
+    }
+    fn add_now(&mut self, m: MetricId, by: i64) {
+        self.add(m, by);
+    }
+    fn record(&mut self, _m: MetricId, _value: u64) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,14 +6,13 @@
 //! happens, every concurrency slot, queue place and probe claim is released
 //! exactly once, and no key has more than its limit in flight.
 
-use super::telemetry::{MetricId, Sink};
+use super::telemetry::Recorder;
 use super::*;
 use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::request::ResponseView;
 use crate::store::memory::MemoryStore;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -43,29 +42,6 @@ fn config_b() -> String {
         r#""rate_limits":[{"#,
         r#""rate_limits":[{"name":"extra","bucket":{"rate":1000,"period":"1s"}},{"#,
     )
-}
-
-/// Sums every metric change, by name.
-#[derive(Default)]
-struct Recorder {
-    names: Vec<String>,
-    sums: HashMap<String, i64>,
-}
-
-impl Recorder {
-    fn name(&self, m: MetricId) -> String {
-        self.names.get(m as usize).cloned().unwrap_or_default()
-    }
-}
-
-impl Sink for Recorder {
-    fn add(&mut self, m: MetricId, by: i64) {
-        *self.sums.entry(self.name(m)).or_default() += by;
-    }
-    fn add_now(&mut self, m: MetricId, by: i64) {
-        self.add(m, by);
-    }
-    fn record(&mut self, _m: MetricId, _value: u64) {}
 }
 
 struct Response(u32);
@@ -122,10 +98,7 @@ impl Sim {
         let n = self.pipelines.len() as u64;
         let mut p =
             Pipeline::build(&config, (1, 2), 7 + n as u32, self.now.get() / MS, n).expect("builds");
-        let mut rec = Recorder {
-            names: p.metrics.defs.iter().map(|d| d.name.clone()).collect(),
-            ..Recorder::default()
-        };
+        let mut rec = Recorder::of(&p.metrics);
         let now = self.now.get();
         let clock = move || now;
         let mut env = Env {

@@ -187,33 +187,16 @@ pub fn check_waits(rules: &[RuleSpec]) -> Result<(), ConfigError> {
 pub fn validate(at: &str, raw: RawRule) -> Result<RuleSpec, ConfigError> {
     check_name(&format!("{at}.name"), &raw.name)?;
     let algorithm = validate_algorithm(at, &raw)?;
-    let cost_max_given = raw.cost.as_ref().is_some_and(|c| c.max.is_some());
-    let mut cost = validate_cost(at, raw.cost.map(Strict::into_inner), algorithm.quota())?;
-    if raw.global.is_some() && !cost_max_given {
-        // Every batch a global rule fetches is at least `cost.max`: the
-        // default (the whole limit) would fetch the whole limit at once.
-        if cost.header.is_some() {
-            return Err(err(
-                format!("{at}.cost.max"),
-                "is required for a global rule whose cost comes from a header: every batch of \
-                 tokens fetched is at least the dearest request, so give the dearest cost you \
-                 expect (the default, the whole limit, would fetch it all at once)",
-            ));
-        }
-        cost.max = cost.default;
-    }
+    let global = raw.global.is_some();
+    let cost = validate_cost(
+        at,
+        raw.cost.map(Strict::into_inner),
+        algorithm.quota(),
+        global,
+    )?;
     let max_keys = validate_max_keys(at, raw.max_keys)?;
-    let shaping = validate_shaping(at, raw.on_limit, raw.max_delay, raw.max_delayed, &algorithm)?;
-    if shaping.is_some() && raw.shadow {
-        // A shadow rule holds nothing: its counts could not show what
-        // holding would do (how many held, for how long, which refused
-        // past `max_delay` or `max_delayed`).
-        return Err(err(
-            format!("{at}.shadow"),
-            "cannot be combined with on_limit: delay (a shadow rule holds no request, so it cannot \
-             show what shaping would do; try the rule with on_limit: refuse in shadow first)",
-        ));
-    }
+    let delays = (raw.max_delay, raw.max_delayed);
+    let shaping = validate_shaping(at, raw.on_limit, delays, &algorithm, raw.shadow)?;
     let global = match raw.global {
         Some(g) if shaping.is_some() => {
             drop(g);
@@ -351,9 +334,9 @@ fn validate_window(at: &str, raw: &RawWindow) -> Result<WindowSpec, ConfigError>
 fn validate_shaping(
     at: &str,
     on_limit: OnLimit,
-    max_delay: Option<String>,
-    max_delayed: Option<i64>,
+    (max_delay, max_delayed): (Option<String>, Option<i64>),
     algorithm: &Algorithm,
+    shadow: bool,
 ) -> Result<Option<Shaping>, ConfigError> {
     if on_limit == OnLimit::Refuse {
         let stray = match (&max_delay, max_delayed) {
@@ -388,20 +371,33 @@ fn validate_shaping(
             "must be longer than 0 and at most 60s",
         ));
     }
-    let max_delayed = match max_delayed {
-        None => 1_000,
-        Some(n) if (1..=MAX_DELAYED).contains(&n) => n as u32,
-        Some(n) => {
-            return Err(err(
-                format!("{at}.max_delayed"),
-                format!("must be between 1 and {MAX_DELAYED}, got {n}"),
-            ))
-        }
-    };
+    let max_delayed = validate_max_delayed(at, max_delayed)?;
+    if shadow {
+        // A shadow rule holds nothing: its counts could not show what
+        // holding would do (how many held, for how long, which refused
+        // past `max_delay` or `max_delayed`).
+        return Err(err(
+            format!("{at}.shadow"),
+            "cannot be combined with on_limit: delay (a shadow rule holds no request, so it cannot \
+             show what shaping would do; try the rule with on_limit: refuse in shadow first)",
+        ));
+    }
     Ok(Some(Shaping {
         max_delay_ns,
         max_delayed,
     }))
+}
+
+/// `max_delayed`: how many requests a worker may hold (default 1,000).
+fn validate_max_delayed(at: &str, max_delayed: Option<i64>) -> Result<u32, ConfigError> {
+    match max_delayed {
+        None => Ok(1_000),
+        Some(n) if (1..=MAX_DELAYED).contains(&n) => Ok(n as u32),
+        Some(n) => Err(err(
+            format!("{at}.max_delayed"),
+            format!("must be between 1 and {MAX_DELAYED}, got {n}"),
+        )),
+    }
 }
 
 fn validate_bucket(at: &str, raw: &RawBucket) -> Result<BucketSpec, ConfigError> {
@@ -455,7 +451,16 @@ fn validate_max_keys(at: &str, raw: Option<i64>) -> Result<u32, ConfigError> {
 
 /// `quota`: the burst of a bucket, or the limit of a window; no request
 /// may cost more.
-fn validate_cost(at: &str, raw: Option<RawCost>, quota: u64) -> Result<CostSpec, ConfigError> {
+/// `global`: every batch a global rule fetches is at least `cost.max`, so
+/// its default there is not the whole limit (which would fetch the whole
+/// limit at once) but `cost.default`, and with a cost header it must be
+/// given.
+fn validate_cost(
+    at: &str,
+    raw: Option<RawCost>,
+    quota: u64,
+    global: bool,
+) -> Result<CostSpec, ConfigError> {
     let Some(raw) = raw else {
         return Ok(CostSpec {
             default: 1,
@@ -469,6 +474,15 @@ fn validate_cost(at: &str, raw: Option<RawCost>, quota: u64) -> Result<CostSpec,
     };
     let max = match raw.max {
         Some(m) => positive(format!("{at}.cost.max"), m)?,
+        None if global && raw.header.is_some() => {
+            return Err(err(
+                format!("{at}.cost.max"),
+                "is required for a global rule whose cost comes from a header: every batch of \
+                 tokens fetched is at least the dearest request, so give the dearest cost you \
+                 expect (the default, the whole limit, would fetch it all at once)",
+            ))
+        }
+        None if global => default.min(quota),
         None => quota,
     };
     if max > quota {

@@ -586,13 +586,11 @@ impl RateLimits {
             }
             None if self.waiting.len() >= MAX_WAITING => return None,
             None => {
-                let left_ns = match (&self.deadlines, cx.waited_ms()) {
-                    (Some(spec), waited) => crate::deadline::read(spec, req)
-                        .map_or(u64::MAX, |d| {
-                            spec.wait_ms(&d, waited).saturating_mul(NS_PER_MS)
-                        }),
-                    (None, _) => u64::MAX,
-                };
+                let d = self
+                    .deadlines
+                    .as_ref()
+                    .and_then(|spec| crate::deadline::read(spec, req));
+                let left_ns = self.wait_left_ns(d.as_ref(), cx.waited_ms());
                 now.saturating_add(wait_ns.min(left_ns))
             }
         };
@@ -695,11 +693,7 @@ impl RateLimits {
             .deadlines
             .as_ref()
             .and_then(|d| crate::deadline::read(d, req));
-        let waited = cx.waited_ms();
-        let left_ns = match (&deadline, &self.deadlines) {
-            (Some(d), Some(spec)) => spec.wait_ms(d, waited).saturating_mul(NS_PER_MS),
-            _ => u64::MAX,
-        };
+        let left_ns = self.wait_left_ns(deadline.as_ref(), cx.waited_ms());
         let (held, limiter) = (&self.held, &self.limiter);
         let cap = |rule: usize| {
             let full = limiter
@@ -716,12 +710,10 @@ impl RateLimits {
         let eval = limiter.evaluate_shaped(cx.store(), now, req, &cap);
         self.record(cx, &eval);
         self.note_demand(cx, &eval, req, false);
+        let decision = self.answer(cx, &eval);
         if eval.delay_ns == 0 || !matches!(eval.verdict, super::Verdict::Allow) {
-            return self.answer(cx, &eval);
+            return decision;
         }
-        // Admitted, at its turn: its response carries the rate-limit
-        // headers as any admitted one does (`headers_on_allowed`).
-        let response_headers = self.answer(cx, &eval).response_headers;
         let rules = eval
             .reports
             .iter()
@@ -739,10 +731,21 @@ impl RateLimits {
         self.count_held(cx, &h, 1);
         self.held.hold(h);
         cx.tick_changed = true;
+        // Admitted, held until its turn: its response carries the
+        // rate-limit headers as any admitted one's (`headers_on_allowed`).
         Decision {
             step: Step::Pause,
             held: true,
-            response_headers,
+            ..decision
+        }
+    }
+
+    /// How long a request with deadline `d` (read now, after waiting
+    /// `waited_ms` in earlier stages) may still wait here, in ns.
+    fn wait_left_ns(&self, d: Option<&crate::deadline::Deadline>, waited_ms: u64) -> u64 {
+        match (d, &self.deadlines) {
+            (Some(d), Some(spec)) => spec.wait_ms(d, waited_ms).saturating_mul(NS_PER_MS),
+            _ => u64::MAX,
         }
     }
 

@@ -4,7 +4,7 @@
 //! the release), resumes or sheds queued streams when slots free and on
 //! ticks, and feeds response latencies to the latency-mode shedders.
 
-use super::{Arrival, Class, Shedders, Wake};
+use super::{Arrival, Class, ShedderSpec, Shedders, Wake};
 use crate::config::{Config, ConfigError};
 use crate::deadline::config::DeadlineSpec;
 use crate::deadline::Deadline;
@@ -65,8 +65,6 @@ struct Rest {
     classes: Vec<(usize, Class)>,
     /// When its deadline passes (ms), if it sent one.
     until: Option<u64>,
-    /// When it came to this stage (ms).
-    read_ms: u64,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -83,30 +81,7 @@ pub fn build(
     let metrics = config
         .shedders
         .iter()
-        .map(|s| {
-            let labels = [
-                ("domain", config.domain.as_str()),
-                ("shedder", s.name.as_str()),
-            ];
-            // Indexed by `Class as usize`.
-            let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
-            let shed = reg.variants("sluice_shed_total", &labels, "priority", classes);
-            let mut m = |kind, name| reg.labelled(kind, name, &labels);
-            let adaptive = s.concurrency.as_ref().and_then(|c| c.adaptive).map(|_| {
-                (
-                    m(Kind::Gauge, "sluice_shed_limit"),
-                    m(Kind::Gauge, "sluice_shed_latency_floor_ms"),
-                )
-            });
-            OneShedder {
-                in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
-                queued: m(Kind::Gauge, "sluice_shed_queued"),
-                queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
-                overloaded: m(Kind::Gauge, "sluice_shed_overloaded_workers"),
-                shed,
-                adaptive,
-            }
-        })
+        .map(|s| shedder_metrics(reg, &config.domain, s))
         .collect();
     Ok(Some(Box::new(ShedStage {
         shedders: Shedders::new(config, now_ms, worker)?,
@@ -132,6 +107,29 @@ pub fn build(
             )
         }),
     })))
+}
+
+/// The metrics of one shedder (labels `domain`, `shedder`).
+fn shedder_metrics(reg: &mut Registry, domain: &str, s: &ShedderSpec) -> OneShedder {
+    let labels = [("domain", domain), ("shedder", s.name.as_str())];
+    // Indexed by `Class as usize`.
+    let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
+    let shed = reg.variants("sluice_shed_total", &labels, "priority", classes);
+    let mut m = |kind, name| reg.labelled(kind, name, &labels);
+    let adaptive = s.concurrency.as_ref().and_then(|c| c.adaptive).map(|_| {
+        (
+            m(Kind::Gauge, "sluice_shed_limit"),
+            m(Kind::Gauge, "sluice_shed_latency_floor_ms"),
+        )
+    });
+    OneShedder {
+        in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
+        queued: m(Kind::Gauge, "sluice_shed_queued"),
+        queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
+        overloaded: m(Kind::Gauge, "sluice_shed_overloaded_workers"),
+        shed,
+        adaptive,
+    }
 }
 
 impl ShedStage {
@@ -256,16 +254,10 @@ impl ShedStage {
                         if slot {
                             self.hold(cx, id, s);
                         }
-                        if let Some(rest) = self.rest.remove(&id) {
-                            self.pass_rest(cx, id, rest);
-                            continue;
+                        match self.rest.remove(&id) {
+                            Some(rest) => self.pass_rest(cx, id, rest),
+                            None => self.go_on(cx, id, now),
                         }
-                        self.departs(cx, id);
-                        let set_headers = self.reduced_deadline(id, now);
-                        cx.effects.push(Effect::Resume {
-                            stream: id,
-                            set_headers,
-                        });
                     }
                     Wake::Shed { waiter } => {
                         self.deadline_of.remove(&waiter.id);
@@ -283,23 +275,16 @@ impl ShedStage {
     /// it (again) or shed it. Admitted by all, it goes on.
     fn pass_rest(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, rest: Rest) {
         let now = cx.now_ms();
-        let deadline = self.deadline_of.remove(&id).map(|(d, _)| d);
-        let d = deadline.clone().zip(rest.until);
+        // Kept, with when this stage read it, should it queue again.
+        let (d, read_ms) = match self.deadline_of.get(&id) {
+            Some((d, read_ms)) => (rest.until.map(|until| (d.clone(), until)), *read_ms),
+            None => (None, now),
+        };
         let mut watched = Vec::new();
-        match self.arrive(cx, (id, now, rest.read_ms), rest.classes, d, &mut watched) {
+        match self.arrive(cx, (id, now, read_ms), rest.classes, d, &mut watched) {
             None => {
                 self.watch(id, watched, now);
-                self.departs(cx, id);
-                let waited_ms = now.saturating_sub(rest.read_ms);
-                let set_headers = crate::deadline::resume_headers(
-                    self.deadlines.as_ref(),
-                    deadline.as_ref(),
-                    waited_ms,
-                );
-                cx.effects.push(Effect::Resume {
-                    stream: id,
-                    set_headers,
-                });
+                self.go_on(cx, id, now);
             }
             Some(Step::Reply(rejection)) => {
                 for s in watched {
@@ -315,13 +300,31 @@ impl ShedStage {
         }
     }
 
-    /// A stream that waited goes upstream now: an adaptive limit's latency
-    /// sample starts here, not at a slot taken before a wait at another
-    /// shedder.
-    fn departs(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+    /// A stream that waited goes upstream now, its deadline header reduced
+    /// by its wait here; an adaptive limit's latency sample starts here,
+    /// not at a slot taken before a wait at another shedder.
+    fn go_on(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, now: u64) {
         if self.adaptive && self.held.contains_key(&id) {
             let now_ns = cx.now_ns();
             self.admitted_ns.insert(id, now_ns);
+        }
+        let set_headers = self.reduced_deadline(id, now);
+        cx.effects.push(Effect::Resume {
+            stream: id,
+            set_headers,
+        });
+    }
+
+    /// Let through with no slot: a latency-mode shedder watches its answer.
+    fn let_through(&mut self, s: usize, watched: &mut Vec<usize>) {
+        let latency = self
+            .shedders
+            .rules
+            .get(s)
+            .is_some_and(|r| r.spec.concurrency.is_none());
+        if latency {
+            self.shedders.started(s);
+            watched.push(s);
         }
     }
 
@@ -424,17 +427,7 @@ impl ShedStage {
             self.changes(cx);
             match arrival {
                 Arrival::Admit { slot: true } => self.hold(cx, id, s),
-                Arrival::Admit { slot: false } => {
-                    let latency = self
-                        .shedders
-                        .rules
-                        .get(s)
-                        .is_some_and(|r| r.spec.concurrency.is_none());
-                    if latency {
-                        self.shedders.started(s);
-                        watched.push(s);
-                    }
-                }
+                Arrival::Admit { slot: false } => self.let_through(s, watched),
                 Arrival::Shed => {
                     self.finish(cx, id);
                     let r = self.answer(cx, s, class)?;
@@ -460,7 +453,6 @@ impl ShedStage {
                         let rest = Rest {
                             classes: more.to_vec(),
                             until,
-                            read_ms,
                         };
                         self.rest.insert(id, rest);
                     }
