@@ -7,7 +7,8 @@ Kept: proxy_on_grpc_receive and proxy_on_grpc_close, through which the
 answers to global rules' calls to the rate-limit service arrive (Envoy
 calls them only for those calls, never per request), and
 proxy_on_queue_ready, through which a worker with a new key wakes the VM
-that calls the service (only then, never per request).
+that calls the service, and a worker that freed a shedder's slot wakes the
+worker whose waiter it is left to (only then, never per request).
 
 Usage: strip_exports.py FILE.wasm   (idempotent; standard library only)
 """

@@ -6,7 +6,7 @@ use super::reply;
 use super::store::SharedData;
 use super::views::{now_ns, HostRequest};
 use crate::hash::FastMap;
-use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Verdict};
+use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Signal, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::RefCell;
@@ -21,6 +21,9 @@ pub struct Plugin {
     /// The pipeline state of paused streams, by stream id, so that a
     /// resume (from another stream's hook or a tick) can go on with it.
     parked: RefCell<FastMap<u32, pipeline::Stream>>,
+    /// Shared queues this VM wakes others through, by name (resolved on
+    /// first use: a queue exists once some VM listens on it).
+    queues: RefCell<FastMap<String, u32>>,
 }
 
 impl Plugin {
@@ -38,6 +41,34 @@ impl Plugin {
             ids,
             empty,
             parked: RefCell::default(),
+            queues: RefCell::default(),
+        }
+    }
+
+    /// Wakes the VM listening on the queue `name`, if any. Best effort:
+    /// what it would have done is done on its next tick instead.
+    pub fn wake(&self, name: String) {
+        let Ok(mut queues) = self.queues.try_borrow_mut() else {
+            return;
+        };
+        let token = match queues.get(&name) {
+            Some(&t) => Some(t),
+            None => {
+                vm_id().and_then(|vm| hostcalls::resolve_shared_queue(&vm, &name).ok().flatten())
+            }
+        };
+        let Some(token) = token else {
+            return;
+        };
+        if hostcalls::enqueue_shared_queue(token, Some(b"w")).is_ok() {
+            // Bounded: the names of a few workers' and leaders' queues
+            // (a reconfiguration names them afresh).
+            if queues.len() >= 64 {
+                queues.clear();
+            }
+            queues.insert(name, token);
+        } else {
+            queues.remove(&name);
         }
     }
 
@@ -81,6 +112,13 @@ impl Plugin {
     pub fn apply(&self, out: Outcome, current: Option<u32>) {
         if let Some(period) = out.tick {
             let _ = hostcalls::set_tick_period(period);
+        }
+        // Listening is the root context's (it hears the queue), and
+        // `Root::carry_out` takes those out first.
+        for s in out.signals {
+            if let Signal::Wake(name) = s {
+                self.wake(name);
+            }
         }
         if out.effects.is_empty() {
             return;
@@ -179,4 +217,13 @@ impl Drop for Plugin {
         }
         metrics::flush();
     }
+}
+
+/// This VM's `vm_id` (a queue is named within it). An empty one (Istio's)
+/// comes back as no value.
+fn vm_id() -> Option<String> {
+    let bytes = hostcalls::get_property(vec!["plugin_vm_id"])
+        .ok()?
+        .unwrap_or_default();
+    String::from_utf8(bytes).ok()
 }

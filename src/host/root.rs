@@ -23,9 +23,8 @@ pub struct Root {
     /// Calls out (global rules' token requests): Envoy's token to the
     /// pipeline's call id.
     calls: FastMap<u32, u64>,
-    /// Shared queues this VM wakes others through, by name (resolved on
-    /// first use: a queue exists once some VM listens on it).
-    queues: FastMap<String, u32>,
+    /// The shared queues this VM listens on: their names, by token.
+    listening: FastMap<u32, String>,
 }
 
 impl Context for Root {
@@ -54,39 +53,29 @@ impl Root {
         let calls = std::mem::take(&mut out.calls);
         // Before the effects, which make their streams the effective
         // context: a queue is listened on by the context that registers it.
-        for s in std::mem::take(&mut out.signals) {
-            self.signal(s);
-        }
+        out.signals.retain(|s| match s {
+            Signal::Listen(name) => {
+                self.listen(name.clone());
+                false
+            }
+            Signal::Wake(_) => true,
+        });
         plugin.apply(out, None);
         for c in calls {
             self.start(&plugin, c);
         }
     }
 
-    /// Listens on a shared queue, or wakes the VM listening on one. Best
-    /// effort: what fails here is done on the next tick instead.
-    fn signal(&mut self, s: Signal) {
-        match s {
-            Signal::Listen(name) => {
-                if let Err(e) = hostcalls::register_shared_queue(&name) {
-                    log::debug!("sluice: could not listen on queue {name}: {e:?}");
-                }
+    /// Listens on a shared queue (a VM hears a queue in the context that
+    /// registers it: here, the root). Best effort: what a wake-up would
+    /// have done is done on the next tick instead.
+    fn listen(&mut self, name: String) {
+        match hostcalls::register_shared_queue(&name) {
+            Ok(token) => {
+                self.listening.retain(|_, n| *n != name);
+                self.listening.insert(token, name);
             }
-            Signal::Wake(name) => {
-                let token = match self.queues.get(&name) {
-                    Some(&t) => Some(t),
-                    None => vm_id()
-                        .and_then(|vm| hostcalls::resolve_shared_queue(&vm, &name).ok().flatten()),
-                };
-                let Some(token) = token else {
-                    return;
-                };
-                if hostcalls::enqueue_shared_queue(token, Some(b"w")).is_ok() {
-                    self.queues.insert(name, token);
-                } else {
-                    self.queues.remove(&name);
-                }
-            }
+            Err(e) => log::debug!("sluice: could not listen on queue {name}: {e:?}"),
         }
     }
 
@@ -136,15 +125,6 @@ fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
     decode(&store.get(&key).ok()??.bytes)
 }
 
-/// This VM's `vm_id` (a queue is named within it). An empty one (Istio's)
-/// comes back as no value.
-fn vm_id() -> Option<String> {
-    let bytes = hostcalls::get_property(vec!["plugin_vm_id"])
-        .ok()?
-        .unwrap_or_default();
-    String::from_utf8(bytes).ok()
-}
-
 fn random_u64() -> u64 {
     getrandom::u64().unwrap_or(0x5eed_5eed_5eed_5eed)
 }
@@ -181,6 +161,8 @@ impl RootContext for Root {
             Ok(plugin) => {
                 // Answers to the old configuration's calls are not its.
                 self.calls.clear();
+                // Nor are its queues: the new one listens on its own.
+                self.listening.clear();
                 // The slow tick hands batched metric changes to Envoy and
                 // runs the stages' periodic work; the pipeline asks for the
                 // fast tick while requests wait in a sluice queue.
@@ -218,8 +200,11 @@ impl RootContext for Root {
                 break;
             }
         }
+        let Some(name) = self.listening.get(&queue_id).cloned() else {
+            return;
+        };
         if let Some(plugin) = self.plugin.clone() {
-            if let Some(out) = plugin.call(|p, env| p.woken(env)) {
+            if let Some(out) = plugin.call(|p, env| p.woken(env, &name)) {
                 self.carry_out(plugin, out);
             }
         }

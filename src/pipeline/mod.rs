@@ -315,10 +315,10 @@ impl Pipeline {
         out
     }
 
-    /// Another VM woke this one through a queue it listens on.
-    pub fn woken(&mut self, env: &mut Env<'_>) -> Outcome {
+    /// Another VM woke this one through `queue`, a queue it listens on.
+    pub fn woken(&mut self, env: &mut Env<'_>, queue: &str) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().for_each(|s| s.woken(cx));
+            stages.iter_mut().for_each(|s| s.woken(cx, queue));
         });
         out
     }

@@ -233,9 +233,9 @@ pub trait Stage {
     /// an error or timeout.
     fn call_done(&mut self, _cx: &mut Cx<'_, '_>, _id: u64, _body: Option<&[u8]>) {}
 
-    /// Another VM (or this one) woke this one through a queue it listens
-    /// on (see [`Signal`]).
-    fn woken(&mut self, _cx: &mut Cx<'_, '_>) {}
+    /// Another VM (or this one) woke this one through `queue`, a queue it
+    /// listens on (see [`Signal`]).
+    fn woken(&mut self, _cx: &mut Cx<'_, '_>, _queue: &str) {}
 
     /// Whether the stage needs the fast (1 ms) tick now.
     fn wants_fast_tick(&self) -> bool {

@@ -521,3 +521,58 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     p.end(&mut env, &mut b);
     assert_eq!(released.get(), 2);
 }
+
+#[test]
+fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once() {
+    let config =
+        parse(br#"{"shedders":[{"name":"q","concurrency":{"max":2,"queue":3,"max_wait":"1s"}}]}"#)
+            .expect("valid");
+    let store = MemoryStore::default();
+    let mut rec = Recorder::default();
+    let clock = || T0;
+    let mut env = Env {
+        store: &store,
+        clock: &clock,
+        sink: &mut rec,
+    };
+    let mut a = Pipeline::build(&config, (1, 2), 0xa, T0 / MS, 1).expect("built");
+    let mut b = Pipeline::build(&config, (1, 2), 0xb, T0 / MS, 2).expect("built");
+    a.start(&mut env).expect("started");
+    // Each worker listens on a queue of its own, from its first tick.
+    let listen = |out: Outcome| -> Vec<String> {
+        out.signals
+            .into_iter()
+            .filter_map(|s| match s {
+                Signal::Listen(q) => Some(q),
+                Signal::Wake(_) => None,
+            })
+            .collect()
+    };
+    let (qa, qb) = (listen(a.tick(&mut env)), listen(b.tick(&mut env)));
+    assert!(qa.len() == 1 && qb.len() == 1 && qa != qb, "{qa:?} {qb:?}");
+    assert!(listen(b.tick(&mut env)).is_empty(), "once");
+    // a holds both slots; b's request waits.
+    let req = FakeRequest::new("GET", "/");
+    let mut held: Vec<Stream> = (0..2).map(Stream::new).collect();
+    for s in held.iter_mut() {
+        assert_eq!(a.request(&mut env, s, &req).0, Verdict::Continue);
+    }
+    let mut waiting = Stream::new(10);
+    assert_eq!(b.request(&mut env, &mut waiting, &req).0, Verdict::Pause);
+    // a's request ends: the slot is b's waiter's, and a wakes b...
+    let out = a.end(&mut env, &mut held[0]);
+    assert!(out.effects.is_empty(), "{out:?}");
+    assert_eq!(out.signals, vec![Signal::Wake(qb[0].clone())]);
+    // ...whose wake-up (on its queue, not another) lets its waiter go on.
+    assert!(b.woken(&mut env, &qa[0]).effects.is_empty());
+    let out = b.woken(&mut env, &qb[0]);
+    assert_eq!(
+        out.effects,
+        vec![Effect::Resume {
+            stream: 10,
+            set_headers: vec![]
+        }]
+    );
+    // Nobody waits now: the next release wakes nobody.
+    assert!(a.end(&mut env, &mut held[1]).signals.is_empty());
+}

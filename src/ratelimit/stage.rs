@@ -425,8 +425,8 @@ impl Stage for RateLimits {
         }
     }
 
-    fn woken(&mut self, cx: &mut Cx<'_, '_>) {
-        if let Some(g) = self.global.as_mut() {
+    fn woken(&mut self, cx: &mut Cx<'_, '_>, queue: &str) {
+        if let Some(g) = self.global.as_mut().filter(|g| g.queue == queue) {
             let now_ms = cx.now_ms();
             let mut report = Report::default();
             g.hurry(cx.store(), now_ms, &mut report);

@@ -106,6 +106,8 @@ struct Read {
     seen: Elsewhere,
     /// The count of admissions (`None`: the entry was not read).
     admitted: Option<u64>,
+    /// The worker whose waiter a free slot is left to (see `to_wake`).
+    wake: Option<u32>,
 }
 
 /// Applies `change` to the shared entry at `key` by CAS: the lease slots
@@ -130,15 +132,45 @@ fn apply_op(
             .map(|c| c.since_ms)
             .min();
         match change.apply(&old) {
-            Applied::Keep => Update::Keep(None),
+            Applied::Keep => {
+                read.wake = to_wake(&old, change);
+                Update::Keep(None)
+            }
             Applied::Refused(next) => {
                 read.refusal = true;
+                read.wake = to_wake(&next, change);
                 Update::Write(encode_shared(&next), None)
             }
-            Applied::Done(next, granted) => Update::Write(encode_shared(&next), Some(granted)),
+            Applied::Done(next, granted) => {
+                read.wake = to_wake(&next, change);
+                Update::Write(encode_shared(&next), Some(granted))
+            }
         }
     });
     (granted, read)
+}
+
+/// After an op that may leave a slot free for a waiter (a release, a
+/// return of leased slots, a waiter leaving or admitted), the worker whose
+/// waiter the entry leaves a free slot to: the first claim, when a slot is
+/// free and that claim is another live worker's. That worker is woken at
+/// once (`Shedders::take_wakes`) instead of finding the slot on its next
+/// 1 ms poll. Arrivals never wake anyone: they are the many.
+fn to_wake(entry: &Shared, change: &Change) -> Option<u32> {
+    if !matches!(
+        change.op,
+        Op::Release | Op::Return(_) | Op::Leave | Op::Admit
+    ) || entry.inflight >= change.max
+        || entry.waiting == 0
+    {
+        return None;
+    }
+    // Claims are kept in order, ours among them.
+    let first = entry
+        .claims
+        .iter()
+        .find(|c| c.worker == change.me || change.live(c))?;
+    (first.worker != change.me).then_some(first.worker)
 }
 
 /// How long a waiter of `class` may wait: `max_wait`, or less for its
@@ -262,6 +294,8 @@ pub struct Shedders {
     worker: u32,
     /// The latest time this worker saw (for the age of claims).
     now_ms: u64,
+    /// Workers to wake: a free slot is left to their waiter (see `to_wake`).
+    wakes: Vec<u32>,
 }
 
 /// The shedder's state id: its name and its concurrency settings.
@@ -336,7 +370,18 @@ impl Shedders {
             retry: Vec::new(),
             worker,
             now_ms,
+            wakes: Vec::new(),
         })
+    }
+
+    /// This worker's tag (its claims', and its wake-up queue's).
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    /// The workers to wake since the last call, each once.
+    pub fn take_wakes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.wakes)
     }
 
     /// The shedders matching a request, with the request's class in each.
@@ -603,6 +648,11 @@ impl Shedders {
         );
         if let Some(n) = read.admitted {
             self.read_entry(s, op.timely(), read.seen, n);
+        }
+        if let Some(w) = read.wake {
+            if !self.wakes.contains(&w) {
+                self.wakes.push(w);
+            }
         }
         let granted = match granted {
             // A refusal whose claim could not be written is still a

@@ -9,7 +9,7 @@ use crate::config::{Config, ConfigError};
 use crate::deadline::config::DeadlineSpec;
 use crate::deadline::Deadline;
 use crate::hash::FastMap;
-use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
+use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
@@ -58,6 +58,16 @@ pub struct ShedStage {
     /// nested one.
     waking: bool,
     wake_again: bool,
+    /// This worker's wake-up queue (see `queue_name`), and whether this VM
+    /// listens on it yet (with a queue configured only).
+    queue: String,
+    listening: bool,
+}
+
+/// The shared queue a worker listens on to hear, at once, that a slot
+/// another worker freed is left to one of its waiters (see `to_wake`).
+fn queue_name(worker: u32) -> String {
+    format!("sluice/shed/{worker:08x}")
 }
 
 /// The shedders a queued stream has still to pass.
@@ -99,6 +109,12 @@ pub fn build(
         rest: FastMap::default(),
         waking: false,
         wake_again: false,
+        queue: queue_name(worker),
+        // Nobody ever waits without a queue: nothing to hear.
+        listening: !config
+            .shedders
+            .iter()
+            .any(|s| s.concurrency.as_ref().is_some_and(|c| c.queue > 0)),
         deadline_refused: config.deadlines.as_ref().map(|_| {
             reg.labelled(
                 Kind::Counter,
@@ -230,6 +246,9 @@ impl ShedStage {
             }
         }
         self.waking = false;
+        for w in self.shedders.take_wakes() {
+            cx.signals.push(Signal::Wake(queue_name(w)));
+        }
     }
 
     fn wake_round(&mut self, cx: &mut Cx<'_, '_>) {
@@ -533,9 +552,20 @@ impl Stage for ShedStage {
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
+        if !self.listening {
+            self.listening = true;
+            cx.signals.push(Signal::Listen(self.queue.clone()));
+        }
         self.shedders.return_leases(cx.store());
         self.adapt(cx);
         self.wake(cx);
+    }
+
+    /// A worker that freed a slot left it to a waiter here.
+    fn woken(&mut self, cx: &mut Cx<'_, '_>, queue: &str) {
+        if queue == self.queue {
+            self.wake(cx);
+        }
     }
 
     /// Waiting requests, or failed decrements to retry, need the fast tick.

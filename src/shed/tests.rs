@@ -340,10 +340,13 @@ fn two_workers_waiting() -> (Shedders, Shedders, MemoryStore) {
 #[test]
 fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
     let (mut a, mut b, store) = two_workers_waiting();
+    let _ = (a.take_wakes(), b.take_wakes());
     // b's request ends: b does not hand the slot to its own, younger waiter...
     b.release(&store, 0);
     assert_eq!(b.wake(&store, T0 + 3, 0), vec![]);
-    // ...a's next tick takes it.
+    // ...but wakes a at once (once), whose wake-up takes it.
+    assert_eq!(b.take_wakes(), vec![a.worker()]);
+    assert!(a.take_wakes().is_empty());
     assert_eq!(
         a.wake(&store, T0 + 4, 0),
         vec![Wake::Resume {
@@ -352,8 +355,11 @@ fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
             slot: true
         }]
     );
-    // The next slot that frees is b's waiter's.
+    // Taking the slot left no other free: nobody to wake.
+    assert!(a.take_wakes().is_empty());
+    // The next slot that frees is b's waiter's: a wakes b.
     a.release(&store, 0);
+    assert_eq!(a.take_wakes(), vec![b.worker()]);
     assert_eq!(
         b.wake(&store, T0 + 5, 0),
         vec![Wake::Resume {
@@ -363,6 +369,27 @@ fn a_freed_slot_goes_to_an_older_waiter_on_another_worker() {
         }]
     );
     assert_eq!(counters(&store), (2, 0));
+    // Nobody waits: a release wakes nobody.
+    b.release(&store, 0);
+    assert!(a.take_wakes().is_empty() && b.take_wakes().is_empty());
+}
+
+#[test]
+fn a_freed_slot_its_own_worker_takes_wakes_nobody() {
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        b.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    // b's waiter is older than a's: the slot b frees is b's own.
+    b.arrive(&store, T0 + 1, 0, 3, Class::Critical);
+    a.arrive(&store, T0 + 2, 0, 4, Class::Critical);
+    b.release(&store, 0);
+    assert!(matches!(
+        b.wake(&store, T0 + 3, 0).as_slice(),
+        [Wake::Resume { id: 3, .. }]
+    ));
+    assert!(b.take_wakes().is_empty() && a.take_wakes().is_empty());
 }
 
 #[test]

@@ -44,6 +44,17 @@ fn req(key: &str) -> FakeRequest {
     FakeRequest::new("GET", "/").with_header("x-key", key.as_bytes())
 }
 
+/// The queue a worker's outcome wakes (the leader's).
+fn woken_on(out: &Outcome) -> String {
+    out.signals
+        .iter()
+        .find_map(|x| match x {
+            Signal::Wake(q) => Some(q.clone()),
+            Signal::Listen(_) => None,
+        })
+        .unwrap_or_default()
+}
+
 fn agains(out: &Outcome) -> Vec<u32> {
     out.effects
         .iter()
@@ -90,7 +101,9 @@ fn a_new_keys_request_waits_for_its_first_tokens_then_goes_on() {
         .again(&mut env(&store, T0 + 21 * MS, s), &mut one, &req("k"));
     assert_eq!(v, Verdict::Pause);
     // Woken, the leader calls; the answer fills the pool.
-    let out = leader.p.woken(&mut env(&store, T0 + 22 * MS, s));
+    let out = leader
+        .p
+        .woken(&mut env(&store, T0 + 22 * MS, s), &woken_on(&out));
     assert_eq!(out.calls.len(), 1, "{out:?}");
     let body = response_of(1, 100, 90, 3_000);
     leader.p.call_done(
@@ -210,8 +223,10 @@ fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
         .p
         .request(&mut env(&store, T0 + 20 * MS, s), &mut one, &r);
     assert_eq!(v, Verdict::Pause);
-    worker.p.tick(&mut env(&store, T0 + 21 * MS, s));
-    let out = leader.p.woken(&mut env(&store, T0 + 22 * MS, s));
+    let out = worker.p.tick(&mut env(&store, T0 + 21 * MS, s));
+    let out = leader
+        .p
+        .woken(&mut env(&store, T0 + 22 * MS, s), &woken_on(&out));
     let body = response_of(1, 100, 90, 3_000);
     leader.p.call_done(
         &mut env(&store, T0 + 25 * MS, s),
