@@ -41,6 +41,9 @@ pub struct Samples {
     pub min_us: Option<u64>,
     /// The most requests in flight (all workers) this worker saw.
     pub peak_inflight: u64,
+    /// How long since this worker's last merge (ms): the stretch of time
+    /// its samples may come from.
+    pub span_ms: u64,
 }
 
 impl Samples {
@@ -64,12 +67,18 @@ pub struct Auto {
     pub sum_us: u64,
     pub count: u64,
     pub peak_inflight: u64,
+    /// The longest span of a batch of samples merged in this interval.
+    pub max_span_ms: u64,
 }
 
-const VERSION: u8 = 1;
-const BODY: usize = 1 + 8 * 8;
+const VERSION: u8 = 2;
+const BODY: usize = 1 + 9 * 8;
 /// No floor seen yet.
 const NONE: u64 = u64::MAX;
+/// The rate of responses counts when every batch merged in the interval
+/// spans at most this part of it (workers with waiters merge on their
+/// 1 ms tick).
+const RATE_SPANS: u64 = 10;
 
 impl Auto {
     /// A fresh entry at the initial limit.
@@ -83,6 +92,7 @@ impl Auto {
             sum_us: 0,
             count: 0,
             peak_inflight: 0,
+            max_span_ms: 0,
         }
     }
 
@@ -111,6 +121,7 @@ impl Auto {
             self.sum_us,
             self.count,
             self.peak_inflight,
+            self.max_span_ms,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -135,6 +146,7 @@ impl Auto {
             sum_us: next()?,
             count: next()?,
             peak_inflight: next()?,
+            max_span_ms: next()?,
         })
     }
 
@@ -152,15 +164,24 @@ impl Auto {
         self.sum_us = self.sum_us.saturating_add(s.sum_us);
         self.count = self.count.saturating_add(s.count);
         self.peak_inflight = self.peak_inflight.max(s.peak_inflight);
+        if s.count > 0 {
+            self.max_span_ms = self.max_span_ms.max(s.span_ms);
+        }
         if now_ms.saturating_sub(self.interval_start_ms) < spec.interval_ms {
             return self;
         }
         if let (Some(floor), Some(avg)) = (self.floor_us(), self.sum_us.checked_div(self.count)) {
+            let elapsed_ms = now_ms.saturating_sub(self.interval_start_ms);
+            // The rate of responses only if every batch is a small part
+            // of the interval: a worker merging on its slow tick (100 ms)
+            // brings samples from up to a tick before, which the interval
+            // would count as its own (or the next interval would).
+            let timely = self.max_span_ms.saturating_mul(RATE_SPANS) <= elapsed_ms;
             let seen = Seen {
                 avg_us: avg,
                 peak: self.peak_inflight,
-                served: self.count,
-                elapsed_ms: now_ms.saturating_sub(self.interval_start_ms),
+                served: if timely { self.count } else { 0 },
+                elapsed_ms,
             };
             self.limit_milli = next_limit(spec, self.limit_milli, floor, &seen);
         }
@@ -168,6 +189,7 @@ impl Auto {
         self.sum_us = 0;
         self.count = 0;
         self.peak_inflight = 0;
+        self.max_span_ms = 0;
         self
     }
 }
@@ -262,6 +284,7 @@ mod tests {
             sum_us: 1 << 40,
             count: 77,
             peak_inflight: 12,
+            max_span_ms: 3,
         };
         let bytes = a.encode();
         assert_eq!(Auto::decode(&bytes), Ok(a));
@@ -301,6 +324,10 @@ mod tests {
         now: u64,
         /// The limit and the capacity of the interval before.
         before: (u64, u64),
+        /// Batches merged late, on a slow tick: each spans a whole
+        /// interval, and they land unevenly (half as many responses, then
+        /// one and a half times as many, in turn).
+        late: bool,
     }
 
     impl Sim {
@@ -308,7 +335,12 @@ mod tests {
             let now = 1_000_000;
             let auto = Auto::new(&spec(), now);
             let before = (auto.limit(), capacity);
-            Sim { auto, now, before }
+            Sim {
+                auto,
+                now,
+                before,
+                late: false,
+            }
         }
 
         /// `rounds` intervals of an upstream with `capacity` slots of
@@ -327,7 +359,16 @@ mod tests {
                     peak_inflight: limit,
                     ..Samples::default()
                 };
-                for k in 0..5 * limit.min(capacity) {
+                let mut n = 5 * limit.min(capacity);
+                if self.late {
+                    s.span_ms = 100;
+                    n = if (self.now / 100) % 2 == 0 {
+                        n / 2
+                    } else {
+                        n * 3 / 2
+                    };
+                }
+                for k in 0..n {
                     // Of `before` in flight, the first `before_cap` take
                     // the service time, the next wait one turn more...
                     s.add(service_us * ((k % before.max(1)) / before_cap + 1));
@@ -361,6 +402,21 @@ mod tests {
                 "{capacity}: {limits:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_rate_of_responses_is_not_used_when_samples_come_in_late_batches() {
+        // Workers without waiters merge their samples on the 100 ms tick:
+        // a batch may hold a whole interval's responses from before it, and
+        // batches land unevenly. Counted as the interval's rate, every
+        // overcount made the limit grow (to 29-36 for 16 slots in a
+        // review's simulation); the latency alone keeps it within its
+        // tolerance (up to 21.3 here, and one √limit step over it).
+        let mut sim = Sim::new(16);
+        sim.late = true;
+        sim.run(16, 40);
+        let limits = sim.run(16, 40);
+        assert!(limits.iter().all(|l| (16..=26).contains(l)), "{limits:?}");
     }
 
     #[test]

@@ -133,12 +133,12 @@ fn apply_op(
             .min();
         match change.apply(&old) {
             Applied::Keep => {
-                read.wake = to_wake(&old, change);
+                read.wake = None;
                 Update::Keep(None)
             }
             Applied::Refused(next) => {
                 read.refusal = true;
-                read.wake = to_wake(&next, change);
+                read.wake = None;
                 Update::Write(encode_shared(&next), None)
             }
             Applied::Done(next, granted) => {
@@ -150,12 +150,15 @@ fn apply_op(
     (granted, read)
 }
 
-/// After an op that may leave a slot free for a waiter (a release, a
+/// After an op done that may leave a slot free for a waiter (a release, a
 /// return of leased slots, a waiter leaving or admitted), the worker whose
 /// waiter the entry leaves a free slot to: the first claim, when a slot is
-/// free and that claim is another live worker's. That worker is woken at
+/// free and that claim is another worker's (live, for ops that come with
+/// the time; any other worker's for those that do not, whose `now` may be
+/// old: a fresh claim would look dated ahead). That worker is woken at
 /// once (`Shedders::take_wakes`) instead of finding the slot on its next
-/// 1 ms poll. Arrivals never wake anyone: they are the many.
+/// 1 ms poll. Arrivals and refused admissions never wake anyone: arrivals
+/// are the many, and the op that freed the slot woke its worker already.
 fn to_wake(entry: &Shared, change: &Change) -> Option<u32> {
     if !matches!(
         change.op,
@@ -166,10 +169,11 @@ fn to_wake(entry: &Shared, change: &Change) -> Option<u32> {
         return None;
     }
     // Claims are kept in order, ours among them.
+    let timely = change.op.timely();
     let first = entry
         .claims
         .iter()
-        .find(|c| c.worker == change.me || change.live(c))?;
+        .find(|c| c.worker == change.me || !timely || change.live(c))?;
     (first.worker != change.me).then_some(first.worker)
 }
 
@@ -211,6 +215,8 @@ struct Local {
     /// Adaptive limit: latency samples since the last tick, and the limit
     /// and floor last read from the shared entry.
     samples: Samples,
+    /// When this worker last merged its samples (ms).
+    merged_ms: u64,
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
@@ -238,6 +244,7 @@ impl Local {
             lease: 0,
             calm: false,
             samples: Samples::default(),
+            merged_ms: now_ms,
             auto: spec
                 .concurrency
                 .as_ref()
@@ -349,7 +356,7 @@ impl Shedders {
                 .concurrency
                 .as_ref()
                 .and_then(|c| c.adaptive)
-                .map(|_| format!("sh{id:08x}/auto"));
+                .map(|_| format!("sh{id:08x}/auto2"));
             let earlier = rules
                 .iter()
                 .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
@@ -502,7 +509,11 @@ impl Shedders {
             let Some(l) = self.local.get_mut(s) else {
                 continue;
             };
-            let samples = std::mem::take(&mut l.samples);
+            let samples = Samples {
+                span_ms: now_ms.saturating_sub(l.merged_ms),
+                ..std::mem::take(&mut l.samples)
+            };
+            l.merged_ms = now_ms;
             let failures = &mut self.store_failures;
             let merged = update(store, &key, self.max_retries, |found| {
                 let old = match found.map(|e| Auto::decode(&e.bytes)) {

@@ -1967,3 +1967,18 @@ fn turns_owed_to_a_class_are_each_given_once() {
     assert_eq!(after[..5], before[..]);
     assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
 }
+
+#[test]
+fn a_release_on_a_worker_whose_clock_is_old_still_wakes_the_waiters_worker() {
+    // A release comes without the time: a's clock is from its last
+    // arrival, 200 ms before b's waiter came (a fresh claim then looks
+    // dated ahead, and was not woken).
+    let (mut a, store) = shedders(QUEUE);
+    let (mut b, _) = shedders(QUEUE);
+    for id in 1..=2 {
+        a.arrive(&store, T0, 0, id, Class::Critical);
+    }
+    b.arrive(&store, T0 + 200, 0, 3, Class::Critical);
+    a.release(&store, 0);
+    assert_eq!(a.take_wakes(), vec![b.worker()]);
+}
