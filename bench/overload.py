@@ -77,12 +77,20 @@ ADAPTIVE_SETUPS = [
         shares={"critical": 50, "default": 35, "sheddable": 15}))),
 ]
 SHARES = {"critical": 50, "default": 35, "sheddable": 15}
-# The configuration the goal is judged on: shares, and a request that would
-# wait past a short max_wait refused on arrival (`shed_early`).
-GOAL_SETUP = ("sluice, max: auto, shares, shed_early, max_wait 30ms", wasm_filter(shedder(
-    {"max": "auto", "queue": 64, "max_wait": "30ms", "shed_early": True,
-     "adaptive": {"min": 1, "max": 64, "initial": 4}}, shares=SHARES)))
-ADAPTIVE_SETUPS.append(GOAL_SETUP)
+
+
+def early(max_wait):
+    """Shares, and a request that would wait past a short max_wait refused
+    on arrival (`shed_early`)."""
+    return (f"sluice, max: auto, shares, shed_early, max_wait {max_wait}", wasm_filter(shedder(
+        {"max": "auto", "queue": 64, "max_wait": max_wait, "shed_early": True,
+         "adaptive": {"min": 1, "max": 64, "initial": 4}}, shares=SHARES)))
+
+
+# The configuration the goal is judged on (20 ms since waiters on another
+# worker are woken at once when a slot frees: before, 30 ms).
+GOAL_SETUP = early("20ms")
+ADAPTIVE_SETUPS += [early("30ms"), GOAL_SETUP]
 # Judged in rounds, native and GOAL_SETUP alternating (medians), since a
 # single run's p99 moves by 10-20 ms on this machine, and native's worst
 # class's by up to 40 ms (65 to 106 ms over three runs of 3 rounds).
@@ -263,7 +271,7 @@ def write(adaptive, breakers, goals=None, name="overload"):
                   "|---|---|---|---|---|---|"]
         for i, (a, b) in enumerate(goal["rounds"], 1):
             sh = " / ".join(f"{b['share_pct'][c]:.0f}" for c in CLASSES)
-            lines.append(f"| {i} | {a['goodput_rps']:.0f} | {a['worst_p99_ms']:.0f} | {b['goodput_rps']:.0f} "
+            lines.append(f"| {i} | {a['goodput_rps']:.1f} | {a['worst_p99_ms']:.0f} | {b['goodput_rps']:.1f} "
                          f"| {b['worst_p99_ms']:.0f} | {sh} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
