@@ -6,7 +6,8 @@ Run as a child process:
 GET /__capacity?n=N sets the capacity; GET /__stats returns requests served,
 in flight now, the most in flight since the last /__stats?reset=1, and the
 error rate. GET /__errors?pct=P makes P% of requests answer 503 (after the
-same service time).
+same service time). GET /__jitter?ms=J makes each service time uniform
+within DELAY_MS +- J (however many are in flight).
 """
 
 import json
@@ -19,7 +20,8 @@ from urllib.parse import parse_qs, urlparse
 
 PORT, CAPACITY, DELAY_MS = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cond = threading.Condition()
-state = {"capacity": CAPACITY, "busy": 0, "served": 0, "max_in_flight": 0, "errors_pct": 0, "failed": 0}
+state = {"capacity": CAPACITY, "busy": 0, "served": 0, "max_in_flight": 0, "errors_pct": 0, "failed": 0,
+         "jitter_ms": 0}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,8 @@ class Handler(BaseHTTPRequestHandler):
                 cond.notify_all()
             elif url.path == "/__errors":
                 state["errors_pct"] = int(q["pct"][0])
+            elif url.path == "/__jitter":
+                state["jitter_ms"] = int(q["ms"][0])
             body = json.dumps(state).encode()
             if q.get("reset"):
                 state["max_in_flight"] = state["busy"]
@@ -49,7 +53,8 @@ class Handler(BaseHTTPRequestHandler):
             state["busy"] += 1
             state["max_in_flight"] = max(state["max_in_flight"], state["busy"])
             fail = random.random() * 100 < state["errors_pct"]
-        time.sleep(DELAY_MS / 1000)
+            jitter = state["jitter_ms"]
+        time.sleep((DELAY_MS + random.uniform(-jitter, jitter)) / 1000)
         with cond:
             state["busy"] -= 1
             state["served"] += 1

@@ -98,6 +98,29 @@ def test_the_limit_converges_up_and_down_as_the_upstream_capacity_changes():
     assert SERVICE_MS <= floor <= SERVICE_MS + 5, floor
 
 
+
+def test_an_upstream_whose_service_time_varies_widely_is_kept_busy():
+    """8 slots of 10 to 50 ms (30 on average, however few are in flight),
+    the default tolerance: the lowest latency seen is a third of the
+    average, and by it alone every interval looked queued (an outside
+    review: limit 1 to 2, the upstream 7 to 47% used). The floor measured
+    at the minimum limit keeps the limit near the capacity."""
+    capacity, mean_ms = 8, 30
+    with FrontOf(CapacityUpstream(capacity, mean_ms), adaptive_config(), 2) as s, Load(s.port, 32):
+        s.up.control("/__jitter?ms=20")
+        time.sleep(4)
+        before, t0 = s.up.stats()["served"], time.time()
+        limits = []
+        for _ in range(15):
+            time.sleep(0.2)
+            limits.append(limit_of(s))
+        used = (s.up.stats()["served"] - before) / (time.time() - t0) * mean_ms / 1000 / capacity
+        floor = s.front.stat(metric("sluice_shed_latency_floor_ms", shedder="up"))
+    median = sorted(limits)[len(limits) // 2]
+    assert used > 0.8, (used, limits, floor)
+    assert capacity <= median <= capacity * 2, (used, limits, floor)
+    assert 20 <= floor <= 45, (used, limits, floor)
+
 def test_bad_adaptive_settings_are_refused_naming_the_field():
     from harness import validate
     for adaptive, message in (
