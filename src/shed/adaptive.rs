@@ -103,6 +103,8 @@ pub const CAL_SAMPLES: u64 = 20;
 const STUCK_RUN: u64 = 6;
 /// No floor seen yet.
 const NONE: u64 = u64::MAX;
+/// A floor measurement that left the floor at the lowest latency seen.
+const NOTHING_LEARNED: u64 = 0;
 /// The rate of responses counts when every batch merged in the interval
 /// spans at most this part of it (workers with waiters merge on their
 /// 1 ms tick).
@@ -142,15 +144,13 @@ impl Auto {
     }
 
     /// The floor estimate: the lowest latency seen in the window, or the
-    /// floor measured at the minimum limit if that is higher.
+    /// floor measured at a held limit if that is higher.
     pub fn floor_us(&self) -> Option<u64> {
-        let seen = self.floor_current_us.min(self.floor_previous_us);
-        let f = match (seen, self.floor_cal_us) {
-            (NONE, cal) => cal,
-            (seen, NONE) => seen,
-            (seen, cal) => seen.max(cal),
-        };
-        (f != NONE).then_some(f)
+        let seen = self.lowest_us();
+        match self.floor_cal_us {
+            NONE | NOTHING_LEARNED => seen,
+            cal => Some(seen.map_or(cal, |s| s.max(cal))),
+        }
     }
 
     /// The lowest latency seen in the window.
@@ -345,18 +345,19 @@ impl Auto {
         {
             // Used only if the lowest latency seen is below it by more
             // than the tolerance: within it, the limit was held by a real
-            // queue, and the floor stays the lowest seen (kept here so
-            // that it is not measured again until `floor_window`).
+            // queue, and the floor stays the lowest seen (following it
+            // down if it falls), with nothing measured again until
+            // `floor_window`.
             self.floor_cal_us = match self.lowest_us() {
                 Some(low)
                     if u128::from(low) * u128::from(tolerance_pct) >= u128::from(avg) * 100 =>
                 {
-                    // Nothing learned: the limit is given back.
+                    // The limit is given back.
                     self.limit_milli = self.before_measure_milli;
                     self.quiet = 1;
-                    low
+                    NOTHING_LEARNED
                 }
-                _ => avg,
+                _ => avg.max(1),
             };
             self.floor_cal_ms = now_ms;
             self.measure_limit = 0;
@@ -625,8 +626,14 @@ mod tests {
             held += out.len();
         }
         assert!(held <= 4, "{held}");
-        assert_ne!(sim.auto.floor_cal_us, NONE);
+        assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED);
         assert_eq!(sim.auto.floor_us(), sim.auto.lowest_us());
+        // The floor still follows a faster upstream down at once.
+        let mut s = Samples::default();
+        s.add(5_000);
+        sim.now += 10;
+        let auto = sim.auto.merge(&spec(), &s, sim.now);
+        assert_eq!(auto.floor_us(), Some(5_000));
     }
 
     #[test]
