@@ -44,6 +44,10 @@ pub struct Samples {
     /// How long since this worker's last merge (ms): the stretch of time
     /// its samples may come from.
     pub span_ms: u64,
+    /// While the floor is measured: the latencies of the requests
+    /// admitted under the held limit ([`Auto::measured_from_ms`]).
+    pub cal_sum_us: u64,
+    pub cal_count: u64,
 }
 
 impl Samples {
@@ -52,7 +56,17 @@ impl Samples {
         self.count += 1;
         self.min_us = Some(self.min_us.map_or(latency_us, |m| m.min(latency_us)));
     }
+
+    /// A latency that counts towards a measurement of the floor.
+    pub fn add_measured(&mut self, latency_us: u64) {
+        self.cal_sum_us = self.cal_sum_us.saturating_add(latency_us);
+        self.cal_count += 1;
+    }
 }
+
+/// After a measurement starts, how long until every worker admits under
+/// the held limit: each reads the limit on its tick, at least every 100 ms.
+const READ_LAG_MS: u64 = 100;
 
 /// The shared entry: the limit (in thousandths, so that small steps add
 /// up), the floor's two half-windows, and the current interval's samples
@@ -80,9 +94,9 @@ pub struct Auto {
     /// not.
     pub stuck_run: u64,
     /// The limit held while measuring the floor (0: not measuring), and
-    /// how many intervals it has been held.
+    /// since when.
     pub measure_limit: u64,
-    pub measure_intervals: u64,
+    pub measure_start_ms: u64,
     /// What the upstream served at once in the last interval, by Little's
     /// law at the floor ([`Seen::serving`]), in thousandths.
     pub serving_milli: u64,
@@ -95,9 +109,9 @@ pub struct Auto {
 
 const VERSION: u8 = 3;
 const BODY: usize = 1 + 19 * 8;
-/// Responses averaged for a measured floor (Envoy's `adaptive_concurrency`
-/// takes 50 at its minimum concurrency, 3).
-pub const CAL_SAMPLES: u64 = 20;
+/// Responses averaged for a measured floor (as Envoy's
+/// `adaptive_concurrency` takes 50 by default, at its minimum concurrency).
+pub const CAL_SAMPLES: u64 = 50;
 /// Shrinks held back (by less than a tenth), counted up and down by each
 /// growth, before the floor is measured.
 const STUCK_RUN: u64 = 6;
@@ -129,7 +143,7 @@ impl Auto {
             cal_count: 0,
             stuck_run: 0,
             measure_limit: 0,
-            measure_intervals: 0,
+            measure_start_ms: 0,
             serving_milli: 0,
             before_measure_milli: 0,
             quiet: 0,
@@ -178,7 +192,7 @@ impl Auto {
             self.cal_count,
             self.stuck_run,
             self.measure_limit,
-            self.measure_intervals,
+            self.measure_start_ms,
             self.serving_milli,
             self.before_measure_milli,
             self.quiet,
@@ -213,7 +227,7 @@ impl Auto {
             cal_count: next()?,
             stuck_run: next()?,
             measure_limit: next()?,
-            measure_intervals: next()?,
+            measure_start_ms: next()?,
             serving_milli: next()?,
             before_measure_milli: next()?,
             quiet: next()?,
@@ -237,21 +251,40 @@ impl Auto {
         if s.count > 0 {
             self.max_span_ms = self.max_span_ms.max(s.span_ms);
         }
-        if now_ms.saturating_sub(self.interval_start_ms) < spec.interval_ms {
-            return self;
+        if self.measure_limit > 0 {
+            self.cal_sum_us = self.cal_sum_us.saturating_add(s.cal_sum_us);
+            self.cal_count = self.cal_count.saturating_add(s.cal_count);
         }
+        // An interval lasts at least twice its average latency (up to half
+        // the floor window): with an upstream slower than `interval`,
+        // responses come in bursts an interval holds all or none of (4
+        // slots of 200 ms: 8 in one interval, then none), and its rate
+        // said twice the capacity; the limit then kept a queue the lowest
+        // latency took for the floor, and ran up to its maximum.
+        let elapsed_ms = now_ms.saturating_sub(self.interval_start_ms);
+        let long_enough = spec.interval_ms.max(
+            (self.sum_us.checked_div(self.count).unwrap_or(0) / 500).min(spec.floor_window_ms / 2),
+        );
+        if elapsed_ms >= long_enough {
+            self.end_interval(spec, now_ms, elapsed_ms);
+        }
+        self
+    }
+
+    /// The next limit (or a measurement of the floor) from the interval's
+    /// samples, and a new interval.
+    fn end_interval(&mut self, spec: &AdaptiveSpec, now_ms: u64, elapsed_ms: u64) {
         self.expire_measured(spec, now_ms);
         let measuring = self.measure_limit > 0 || self.quiet > 0;
         self.quiet = self.quiet.saturating_sub(1);
         if self.measure_limit > 0 {
-            self.measure(spec.tolerance_pct, now_ms);
+            self.measure(spec, now_ms);
         }
         if let (Some(floor), Some(avg), false) = (
             self.floor_us(),
             self.sum_us.checked_div(self.count),
             measuring,
         ) {
-            let elapsed_ms = now_ms.saturating_sub(self.interval_start_ms);
             // The rate of responses only if every batch is a small part
             // of the interval: a worker merging on its slow tick (100 ms)
             // brings samples from up to a tick before, which the interval
@@ -263,14 +296,13 @@ impl Auto {
                 served: if timely { self.count } else { 0 },
                 elapsed_ms,
             };
-            self.step(spec, floor, &seen);
+            self.step(spec, floor, &seen, now_ms);
         }
         self.interval_start_ms = now_ms;
         self.sum_us = 0;
         self.count = 0;
         self.peak_inflight = 0;
         self.max_span_ms = 0;
-        self
     }
 }
 
@@ -286,36 +318,47 @@ impl Auto {
     /// hold it (`adaptive.min`, or one over what the upstream serves at
     /// that floor), leaving the upstream mostly idle. There the floor is
     /// measured instead ([`Auto::measure`]).
-    fn step(&mut self, spec: &AdaptiveSpec, floor_us: u64, seen: &Seen) {
+    fn step(&mut self, spec: &AdaptiveSpec, floor_us: u64, seen: &Seen, now_ms: u64) {
         let limit = self.limit_milli as f64 / 1000.0;
         let g = gradient(spec, limit, floor_us, seen);
         let next = next_limit(spec, limit, g, floor_us, seen);
         let serving = seen.serving(limit, floor_us);
         self.serving_milli = (serving * 1000.0) as u64;
         // Held back: a shrink by less than a tenth. Counted up, and down
-        // by a growth (noise lets one through now and then).
-        self.stuck_run = if g >= 1.0 {
+        // by a growth (noise lets one through now and then). Not within a
+        // quarter window of the last measurement (whose floor may have
+        // come out low, or, with an upstream whose spread is about the
+        // tolerance, been left at the lowest latency).
+        let may_measure = self.floor_cal_us == NONE
+            || now_ms.saturating_sub(self.floor_cal_ms) >= spec.floor_window_ms / 4;
+        self.stuck_run = if !may_measure {
+            0
+        } else if g >= 1.0 {
             self.stuck_run.saturating_sub(1)
         } else if next.saturating_mul(10) >= self.limit_milli.saturating_mul(9) {
-            self.stuck_run.saturating_add(1)
+            (self.stuck_run + 1).min(STUCK_RUN)
         } else {
             self.stuck_run
         };
-        if self.stuck_run >= STUCK_RUN && self.floor_cal_us == NONE {
+        if self.stuck_run >= STUCK_RUN {
             // What the upstream serves at once by this floor: under its
             // capacity if the floor is too low, at it if a queue holds the
-            // limit (nothing queues either way).
-            self.start_measure(spec, serving as u64);
+            // limit (nothing queues either way); by the lowest latency if a
+            // measured floor is over it (it may be too high).
+            let at = match self.lowest_us() {
+                Some(low) if floor_us > low => self.measure_point(spec, low, floor_us),
+                _ => serving as u64,
+            };
+            self.start_measure(spec, at, now_ms);
         } else {
             self.limit_milli = next;
         }
     }
 
-    /// Holds the limit at `at` (at least `adaptive.min`) to measure the
-    /// floor.
-    fn start_measure(&mut self, spec: &AdaptiveSpec, at: u64) {
-        self.measure_limit = at.max(u64::from(spec.min)).max(1);
-        self.measure_intervals = 0;
+    /// Holds the limit at `at` (within the bounds) to measure the floor.
+    fn start_measure(&mut self, spec: &AdaptiveSpec, at: u64, now_ms: u64) {
+        self.measure_limit = at.clamp(u64::from(spec.min).max(1), u64::from(spec.max).max(1));
+        self.measure_start_ms = now_ms;
         self.before_measure_milli = self.limit_milli;
         self.limit_milli = self.measure_limit.saturating_mul(1000);
         self.stuck_run = 0;
@@ -323,57 +366,72 @@ impl Auto {
         self.cal_count = 0;
     }
 
+    /// Responses averaged for a measured floor: [`CAL_SAMPLES`], or 10 per
+    /// request in flight if more (a mean over more requests in flight
+    /// costs no more time, and a long-tailed upstream needs them: the
+    /// mean of 50 exponential samples is off by 14% on average), at most
+    /// 500.
+    fn samples_to_measure(held: u64) -> u64 {
+        held.saturating_mul(10).clamp(CAL_SAMPLES, 500)
+    }
+
+    /// While the floor is measured, the admission time (ms) from which a
+    /// request's latency counts: every worker admits under the held limit
+    /// by then, so nothing admitted since waits behind what the larger
+    /// limit let in before (a response arriving after the start may have
+    /// been admitted long before it, with an upstream slower than an
+    /// interval).
+    pub fn measured_from_ms(&self, spec: &AdaptiveSpec) -> Option<u64> {
+        (self.measure_limit > 0).then(|| {
+            self.measure_start_ms
+                .saturating_add(spec.interval_ms.max(READ_LAG_MS))
+        })
+    }
+
     /// The floor measured as Envoy's `adaptive_concurrency` measures its
-    /// own, at a held low limit: the average latency of the next
-    /// [`CAL_SAMPLES`] responses, leaving out the first interval (its
-    /// responses still waited behind the larger limit before) and any
-    /// interval with more in flight than the held limit (a worker may read
-    /// a new limit up to a tick late; the peak counts a refused arrival as
-    /// one more than in flight). Then the limit moves on from there, or,
-    /// if the floor stays the lowest seen, from where it was before.
-    fn measure(&mut self, tolerance_pct: u32, now_ms: u64) {
-        self.measure_intervals = self.measure_intervals.saturating_add(1);
-        if self.measure_intervals < 2 || self.peak_inflight > self.measure_limit.saturating_add(1) {
-            return;
-        }
-        self.cal_sum_us = self.cal_sum_us.saturating_add(self.sum_us);
-        self.cal_count = self.cal_count.saturating_add(self.count);
-        if let Some(avg) = self
+    /// own, at a held low limit: the average latency of the first
+    /// [`CAL_SAMPLES`] requests admitted under it ([`Samples::add_measured`]).
+    /// Then the limit moves on from there, or, if the floor stays the
+    /// lowest seen, from where it was before. A measurement that gets too
+    /// few samples within `floor_window` (idle, or slots held long after
+    /// their response headers) gives up, and the limit is given back.
+    fn measure(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
+        let avg = self
             .cal_sum_us
             .checked_div(self.cal_count)
-            .filter(|_| self.cal_count >= CAL_SAMPLES)
-        {
-            // Used only if the lowest latency seen is below it by more
-            // than the tolerance: within it, the limit was held by a real
-            // queue, and the floor stays the lowest seen (following it
-            // down if it falls), with nothing measured again until
-            // `floor_window`.
-            self.floor_cal_us = match self.lowest_us() {
-                Some(low)
-                    if u128::from(low) * u128::from(tolerance_pct) >= u128::from(avg) * 100 =>
-                {
-                    // The limit is given back.
-                    self.limit_milli = self.before_measure_milli;
-                    self.quiet = 1;
-                    NOTHING_LEARNED
-                }
-                _ => avg.max(1),
-            };
-            self.floor_cal_ms = now_ms;
-            self.measure_limit = 0;
-            self.cal_sum_us = 0;
-            self.cal_count = 0;
+            .filter(|_| self.cal_count >= Self::samples_to_measure(self.measure_limit));
+        let timed_out = now_ms.saturating_sub(self.measure_start_ms) >= spec.floor_window_ms;
+        if avg.is_none() && !timed_out {
+            return;
         }
+        // Used only if the lowest latency seen is below it by more than
+        // the tolerance: within it, the limit was held by a real queue,
+        // and the floor stays the lowest seen (following it down if it
+        // falls), with nothing measured again until `floor_window`.
+        let within = |avg: u64| {
+            self.lowest_us().is_some_and(|low| {
+                u128::from(low) * u128::from(spec.tolerance_pct) >= u128::from(avg) * 100
+            })
+        };
+        let learned = avg.filter(|&a| !within(a));
+        self.floor_cal_us = match learned {
+            Some(avg) => avg.max(1),
+            _ => {
+                self.limit_milli = self.before_measure_milli;
+                self.quiet = 1;
+                NOTHING_LEARNED
+            }
+        };
+        self.floor_cal_ms = now_ms;
+        self.measure_limit = 0;
+        self.cal_sum_us = 0;
+        self.cal_count = 0;
     }
 
     /// A measured floor holds for `floor_window`; then it is dropped (the
     /// upstream may have become faster) and, if the lowest latency seen is
     /// still below it by more than the tolerance (that floor alone would
-    /// take the limit down again), measured again at once, at the limit
-    /// divided by twice the tolerance (the limit settles over the capacity
-    /// by up to the tolerance, plus its square root: this is under it, so
-    /// nothing queues and the measurement does not take a queue for the
-    /// floor, which would ratchet the limit up at each measurement).
+    /// take the limit down again), measured again at once.
     fn expire_measured(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
         if self.floor_cal_us == NONE
             || self.measure_limit > 0
@@ -381,16 +439,33 @@ impl Auto {
         {
             return;
         }
+        let tol = u128::from(spec.tolerance_pct.max(100));
         let measured = std::mem::replace(&mut self.floor_cal_us, NONE);
-        let noisy = self.lowest_us().is_some_and(|seen| {
-            u128::from(seen) * u128::from(spec.tolerance_pct) < u128::from(measured) * 100
-        });
-        if noisy {
-            // Under the capacity even if the measured floor was up to the
-            // tolerance too high.
-            let at = self.serving_milli / u64::from(spec.tolerance_pct).max(100) / 10;
-            self.start_measure(spec, at);
-        }
+        let Some(low) = self
+            .lowest_us()
+            .filter(|&l| u128::from(l) * tol < u128::from(measured) * 100)
+        else {
+            return;
+        };
+        // What the upstream served at once by the lowest latency: at or
+        // under its capacity, however wrong the measured floor was
+        // (measuring over the capacity takes the queue for the floor, and
+        // each measurement would ratchet it up). But not below what it
+        // served divided by 4 × the tolerance: the lowest latency of a
+        // long-tailed upstream is next to nothing. A measured floor `f`
+        // times too high then measures at most `f / (4 × tolerance)` times
+        // over, so an error shrinks at each measurement instead of
+        // growing.
+        let at = self.measure_point(spec, low, measured);
+        self.start_measure(spec, at, now_ms);
+    }
+
+    fn measure_point(&self, spec: &AdaptiveSpec, low: u64, floor: u64) -> u64 {
+        let tol = u128::from(spec.tolerance_pct.max(100));
+        let serving = u128::from(self.serving_milli);
+        let by_lowest = serving * u128::from(low) / u128::from(floor.max(1));
+        let at = by_lowest.max(serving * 100 / (4 * tol)) / 1000;
+        u64::try_from(at).unwrap_or(u64::MAX)
     }
 }
 
@@ -477,6 +552,20 @@ mod tests {
         }
     }
 
+    /// In the simulations below every response of an interval was
+    /// admitted in it: while the floor is measured, all of an interval's
+    /// samples count once it starts after the held limit reached every
+    /// worker.
+    fn measured(auto: &Auto, spec: &AdaptiveSpec, s: &mut Samples, interval_start_ms: u64) {
+        if auto
+            .measured_from_ms(spec)
+            .is_some_and(|from| interval_start_ms >= from)
+        {
+            s.cal_sum_us = s.sum_us;
+            s.cal_count = s.count;
+        }
+    }
+
     #[test]
     fn round_trips_and_rejects_any_flipped_bit() {
         let a = Auto {
@@ -495,7 +584,7 @@ mod tests {
             cal_count: 2,
             stuck_run: 1,
             measure_limit: 3,
-            measure_intervals: 4,
+            measure_start_ms: 4,
             serving_milli: 2_500,
             before_measure_milli: 9_000,
             quiet: 1,
@@ -525,6 +614,7 @@ mod tests {
             for k in 0..limit {
                 s.add(service_us * (k / capacity + 1));
             }
+            measured(&auto, &spec(), &mut s, *now);
             *now += 100;
             auto = auto.merge(&spec(), &s, *now);
         }
@@ -590,6 +680,7 @@ mod tests {
                 // One response as fast as the upstream ever is (the
                 // floor); the others took 15% longer (a loaded machine).
                 s.add(service_us * 100 / 115);
+                measured(&self.auto, &spec(), &mut s, self.now);
                 self.now += 100;
                 self.auto = self.auto.merge(&spec(), &s, self.now);
                 self.before = (limit, capacity);
@@ -608,8 +699,8 @@ mod tests {
         // 5, 4, 4 here), leaving slots idle. Their rate says what the
         // upstream serves.
         //
-        // Once per floor window, a shrink held back by the spare leads to
-        // a measurement of the floor at the capacity, for two intervals:
+        // Once per quarter floor window, a shrink held back by the spare
+        // leads to a measurement of the floor at the capacity:
         // within the tolerance of the lowest latency seen, so the floor
         // stays the lowest and the limit is given back.
         let mut sim = Sim::new(4);
@@ -625,7 +716,7 @@ mod tests {
             assert!(out.iter().all(|&l| l == capacity), "{capacity}: {limits:?}");
             held += out.len();
         }
-        assert!(held <= 4, "{held}");
+        assert!(held <= 12, "{held}");
         assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED);
         assert_eq!(sim.auto.floor_us(), sim.auto.lowest_us());
         // The floor still follows a faster upstream down at once.
@@ -684,11 +775,20 @@ mod tests {
         // Capacity 2: one request over it, every interval (with the
         // tolerance alone, 3 in flight average 1.5 times the floor, and it
         // fell back to 2 every few intervals: no spare for hand-overs).
+        // (Held at 2 while the floor is measured, at most every quarter
+        // window, until 50 responses came, 2 per interval here: the floor
+        // stays, and the spare comes back in between.)
         let mut auto = settle(auto, 2, &mut now, 10);
-        for _ in 0..20 {
+        let mut limits = Vec::new();
+        for _ in 0..60 {
             auto = settle(auto, 2, &mut now, 1);
-            assert_eq!(auto.limit(), 3);
+            limits.push(auto.limit());
         }
+        let runs_of_2 = limits.windows(2).filter(|w| w == &[3, 2]).count();
+        assert!(limits.iter().all(|l| (2..=3).contains(l)), "{limits:?}");
+        let spare_run = limits.split(|&l| l == 2).map(<[u64]>::len).max();
+        assert!(runs_of_2 <= 2 && spare_run >= Some(25), "{limits:?}");
+        assert_eq!(auto.floor_us(), Some(20_000));
     }
 
     #[test]
@@ -734,13 +834,14 @@ mod tests {
             auto = auto.merge(&spec(), &s, now);
         }
         assert_eq!(auto.limit(), 10);
-        // Terrible latency: never below the minimum.
-        for _ in 0..50 {
+        // Terrible latency: never below the minimum (an interval lasts
+        // twice its average latency: 2 s here).
+        for _ in 0..80 {
             let mut s = Samples {
                 peak_inflight: 10,
                 ..Samples::default()
             };
-            s.add(20_000_000);
+            s.add(1_000_000);
             now += 100;
             auto = auto.merge(&spec(), &s, now);
         }
@@ -806,6 +907,7 @@ mod tests {
                     s.add(self.mean_us - self.spread_us + noise + wait_us);
                 }
                 self.started = true;
+                measured(auto, spec, &mut s, *now);
                 *now += 100;
                 *auto = auto.merge(spec, &s, *now);
                 assert!((spec.min as u64..=spec.max as u64).contains(&auto.limit()));
@@ -829,13 +931,46 @@ mod tests {
     }
 
     #[test]
+    fn dbg_case() {
+        let spec = AdaptiveSpec {
+            min: 3,
+            max: 200,
+            initial: 10,
+            tolerance_pct: 172,
+            interval_ms: 100,
+            floor_window_ms: 30000,
+        };
+        let mut up = Noisy {
+            capacity: 21,
+            mean_us: 36987,
+            spread_us: 17014,
+            rng: crate::rng::SplitMix(47),
+            started: false,
+        };
+        let mut now = 1_000_000;
+        let mut auto = Auto::new(&spec, now);
+        for i in 0..1000 {
+            let (l, _) = up.run(&mut auto, &spec, &mut now, 1);
+            eprintln!(
+                "{i} {l:?} cal {} meas {} low {:?} stuck {} serv {}",
+                auto.floor_cal_us,
+                auto.measure_limit,
+                auto.lowest_us(),
+                auto.stuck_run,
+                auto.serving_milli
+            );
+        }
+    }
+
+    #[test]
     fn property_any_upstream_is_kept_busy_and_not_flooded() {
         // Random upstreams (1 to 24 slots, 5 to 80 ms, a spread of up to
         // 90% of that even when nothing queues) and settings (a minimum
-        // the upstream takes, a tolerance of 1.1 to 2): after 10 s, the
-        // upstream is kept busy, and the limit's median stays within a few
-        // times the capacity; the limit stays within its bounds and a
-        // measurement holds it (checked at every interval).
+        // the upstream takes, a tolerance of 1.1 to 2): over the 90 s after
+        // the first 10, the upstream is kept busy (measurements included),
+        // and the limit's median stays within a few times the capacity; the
+        // limit stays within its bounds and a measurement holds it (checked
+        // at every interval).
         let mut rng = crate::rng::SplitMix(7);
         for case in 0..150 {
             let capacity = 1 + rng.below(24);
@@ -844,6 +979,7 @@ mod tests {
             let spec = AdaptiveSpec {
                 min: 1 + rng.below(capacity.min(3)) as u32,
                 tolerance_pct: 110 + rng.below(91) as u32,
+                floor_window_ms: 30_000,
                 ..spec()
             };
             let mut up = Noisy {
@@ -856,9 +992,9 @@ mod tests {
             let mut now = 1_000_000;
             let mut auto = Auto::new(&spec, now);
             up.run(&mut auto, &spec, &mut now, 100);
-            let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 300);
+            let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 900);
             limits.sort_unstable();
-            let median = limits[150];
+            let median = limits[450];
             let what = format!("case {case}: {capacity} slots, {mean_us} ± {spread_us} µs, {spec:?}: used {used:.2}, median {median}");
             assert!(used > 0.85, "{what}");
             assert!(median <= capacity * 3 + 2, "{what}");
@@ -885,10 +1021,11 @@ mod tests {
         assert!((12..=20).contains(&sorted[150]), "{limits:?}");
         assert!(used > 0.9, "{used} {limits:?}");
         eprintln!("{used} {}", sorted[150]);
-        // Measured again at each expiry, at half the limit, for one
-        // interval or two.
+        // Measured again at each expiry, at what the upstream serves by
+        // the lowest latency (a third of the capacity here), for a few
+        // intervals.
         let lows = limits.iter().filter(|&&l| l <= 10).count();
-        assert!((2..=6).contains(&lows), "{lows} {limits:?}");
+        assert!((2..=25).contains(&lows), "{lows} {limits:?}");
     }
 
     #[test]

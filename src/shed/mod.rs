@@ -14,6 +14,8 @@
 //! `max_wait`; higher classes are admitted first and shed last.
 
 pub mod adaptive;
+#[cfg(test)]
+mod adaptive_sim;
 pub mod codec;
 pub mod codel;
 pub mod config;
@@ -486,10 +488,28 @@ impl Shedders {
 
     /// Adaptive limit: the latency of a request admitted at shedder `s`,
     /// from its admission (after any wait) to its response.
-    pub fn sample(&mut self, s: usize, latency_us: u64) {
-        if let Some(l) = self.local.get_mut(s).filter(|l| l.auto.is_some()) {
-            l.samples.add(latency_us);
+    /// While its floor is measured, the latency also counts towards the
+    /// measurement if the request was admitted under the held limit.
+    pub fn sample(&mut self, s: usize, latency_us: u64, now_ms: u64) {
+        let spec = self
+            .rules
+            .get(s)
+            .and_then(|r| r.spec.concurrency.as_ref())
+            .and_then(|c| c.adaptive);
+        let Some(l) = self.local.get_mut(s) else {
+            return;
+        };
+        let (Some(auto), Some(spec)) = (l.auto.as_ref(), spec) else {
+            return;
+        };
+        let admitted_ms = now_ms.saturating_sub(latency_us / 1000);
+        if auto
+            .measured_from_ms(&spec)
+            .is_some_and(|from| admitted_ms >= from)
+        {
+            l.samples.add_measured(latency_us);
         }
+        l.samples.add(latency_us);
     }
 
     /// Adaptive limits (on the tick): adds this worker's samples to each

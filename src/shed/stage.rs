@@ -208,9 +208,10 @@ impl ShedStage {
         let Some(since) = self.admitted_ns.remove(&id) else {
             return;
         };
-        let latency_us = cx.now_ns().saturating_sub(since) / 1_000;
+        let now_ns = cx.now_ns();
+        let latency_us = now_ns.saturating_sub(since) / 1_000;
         for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
-            self.shedders.sample(s, latency_us);
+            self.shedders.sample(s, latency_us, now_ns / 1_000_000);
         }
     }
 

@@ -1001,7 +1001,7 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
         now += 100;
         for w in [&mut a, &mut b] {
             for _ in 0..5 {
-                w.sample(0, 20_000);
+                w.sample(0, 20_000, 0);
             }
             w.adapt(&store, now);
         }
@@ -1020,7 +1020,7 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     // limit falls.
     for _ in 0..5 {
         now += 100;
-        a.sample(0, 40_000);
+        a.sample(0, 40_000, 0);
         a.adapt(&store, now);
     }
     assert!(a.limit(0).expect("a limit") < grown);
