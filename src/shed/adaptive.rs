@@ -336,7 +336,7 @@ impl Auto {
         } else if g >= 1.0 {
             self.stuck_run.saturating_sub(1)
         } else if next.saturating_mul(10) >= self.limit_milli.saturating_mul(9) {
-            (self.stuck_run + 1).min(STUCK_RUN)
+            self.stuck_run.saturating_add(1).min(STUCK_RUN)
         } else {
             self.stuck_run
         };
