@@ -420,27 +420,17 @@ impl Auto {
         // the tolerance: within it, the limit was held by a real queue,
         // and the floor stays the lowest seen (following it down if it
         // falls), with nothing measured again until `floor_window`.
-        let within = |avg: u64| {
-            self.lowest_us().is_some_and(|low| {
-                u128::from(low) * u128::from(spec.tolerance_pct) >= u128::from(avg) * 100
-            })
-        };
-        self.floor_cal_us = match avg {
-            Some(avg) if !within(avg) => avg.max(1),
-            Some(_) => {
-                self.limit_milli = self.before_measure_milli;
-                self.quiet = 1;
-                NOTHING_LEARNED
-            }
+        let low = self.lowest_us();
+        let learned = avg.filter(|&a| !low.is_some_and(|l| within_tolerance(spec, l, a)));
+        if learned.is_none() {
+            self.limit_milli = self.before_measure_milli;
+            self.quiet = 1;
+        }
+        self.floor_cal_us = match (learned, avg, self.floor_cal_us) {
+            (Some(avg), _, _) => avg.max(1),
             // Too few: a measured floor in force stays.
-            None => {
-                self.limit_milli = self.before_measure_milli;
-                self.quiet = 1;
-                match self.floor_cal_us {
-                    NONE => NOTHING_LEARNED,
-                    kept => kept,
-                }
-            }
+            (None, None, kept) if kept != NONE => kept,
+            _ => NOTHING_LEARNED,
         };
         self.floor_cal_ms = now_ms;
         self.measure_limit = 0;
@@ -459,11 +449,10 @@ impl Auto {
         {
             return;
         }
-        let tol = u128::from(spec.tolerance_pct.max(100));
         let measured = std::mem::replace(&mut self.floor_cal_us, NONE);
         let Some(low) = self
             .lowest_us()
-            .filter(|&l| u128::from(l) * tol < u128::from(measured) * 100)
+            .filter(|&l| !within_tolerance(spec, l, measured))
         else {
             return;
         };
@@ -487,6 +476,12 @@ impl Auto {
         let at = by_lowest.max(serving * 100 / (4 * tol)) / 1000;
         u64::try_from(at).unwrap_or(u64::MAX)
     }
+}
+
+/// Whether `latency_us` is within the tolerance of the lowest latency
+/// `low_us` (no queueing by that floor).
+fn within_tolerance(spec: &AdaptiveSpec, low_us: u64, latency_us: u64) -> bool {
+    u128::from(low_us) * u128::from(spec.tolerance_pct) >= u128::from(latency_us) * 100
 }
 
 /// What one interval saw, from every worker.
