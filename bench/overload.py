@@ -185,6 +185,7 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
             row[f"{cls}_goodput_rps"] = len(lat) / (stop - start - 0.5)
         ends = changes[1:] + [stop]
         # Where the tail comes from: each capacity phase's admitted p99.
+        row["phase_s"] = [e - c for c, e in zip(changes, ends)]
         row["phase_p99_ms"] = [pct([r[1] for r in ok if c <= r[0] < e], 0.99) for c, e in zip(changes, ends)]
         # And each phase's admissions per class (shares are per phase too).
         row["phase_class_ok"] = [[sum(1 for r in ok if c <= r[0] < e and CLASSES[r[3] % 3] == cls)

@@ -335,6 +335,9 @@ impl Auto {
             NOTHING_LEARNED => since >= spec.floor_window_ms,
             _ => since >= spec.floor_window_ms / 4,
         };
+        // A shrink by a tenth or more starts the count again: the limit
+        // is moving (after a drop in capacity, say), and what the
+        // upstream serves is not settled yet.
         self.stuck_run = if !may_measure {
             0
         } else if g >= 1.0 {
@@ -351,7 +354,7 @@ impl Auto {
             // measured floor is over it (it may be too high).
             let at = match self.lowest_us() {
                 Some(low) if floor_us > low => self.measure_point(spec, low, floor_us),
-                _ => serving as u64,
+                _ => serving.round() as u64,
             };
             self.start_measure(spec, at, now_ms);
         } else {
@@ -473,7 +476,7 @@ impl Auto {
         let tol = u128::from(spec.tolerance_pct.max(100));
         let serving = u128::from(self.serving_milli);
         let by_lowest = serving * u128::from(low) / u128::from(floor.max(1));
-        let at = by_lowest.max(serving * 100 / (4 * tol)) / 1000;
+        let at = (by_lowest.max(serving * 100 / (4 * tol)) + 500) / 1000;
         u64::try_from(at).unwrap_or(u64::MAX)
     }
 }
@@ -647,6 +650,9 @@ mod tests {
         /// interval, and they land unevenly (half as many responses, then
         /// one and a half times as many, in turn).
         late: bool,
+        /// The share (%) of its rate the upstream serves: a real one
+        /// serves a little under it (hand-overs between requests).
+        served_pct: u64,
     }
 
     impl Sim {
@@ -659,6 +665,7 @@ mod tests {
                 now,
                 before,
                 late: false,
+                served_pct: 100,
             }
         }
 
@@ -678,7 +685,7 @@ mod tests {
                     peak_inflight: limit,
                     ..Samples::default()
                 };
-                let mut n = 5 * limit.min(capacity);
+                let mut n = 5 * limit.min(capacity) * self.served_pct / 100;
                 if self.late {
                     s.span_ms = 100;
                     n = if (self.now / 100) % 2 == 0 {
@@ -740,6 +747,27 @@ mod tests {
         sim.now += 10;
         let auto = sim.auto.merge(&spec(), &s, sim.now);
         assert_eq!(auto.floor_us(), Some(5_000));
+    }
+
+    #[test]
+    fn a_measurement_holds_the_limit_at_the_capacity_when_the_rate_is_a_little_under_it() {
+        // A real upstream serves a little under its rate (2 slots: 1.9 by
+        // Little's law). The held limit was that estimate truncated: 1 on
+        // 2 slots, half the upstream idle for the 50 responses of a
+        // measurement (in bench/overload.py, 1.1 s at half the goodput and
+        // the worst p99 of the run). It is rounded to the nearest.
+        for capacity in [2, 3, 4, 8] {
+            let mut sim = Sim::new(capacity);
+            sim.served_pct = 95;
+            let limits = sim.run(capacity, 60);
+            let lowest = limits[10..].iter().copied().min();
+            assert!(lowest >= Some(capacity), "{capacity}: {limits:?}");
+            if capacity == 2 {
+                // Held at the spare over 2 slots: measured, at 2.
+                assert_eq!(lowest, Some(2), "{limits:?}");
+                assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED, "{limits:?}");
+            }
+        }
     }
 
     #[test]
