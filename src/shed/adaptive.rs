@@ -48,6 +48,8 @@ pub struct Samples {
     /// admitted under the held limit ([`Auto::measured_from_ms`]).
     pub cal_sum_us: u64,
     pub cal_count: u64,
+    /// The fastest of them.
+    pub cal_min_us: Option<u64>,
 }
 
 impl Samples {
@@ -61,6 +63,7 @@ impl Samples {
     pub fn add_measured(&mut self, latency_us: u64) {
         self.cal_sum_us = self.cal_sum_us.saturating_add(latency_us);
         self.cal_count += 1;
+        self.cal_min_us = Some(self.cal_min_us.map_or(latency_us, |m| m.min(latency_us)));
     }
 }
 
@@ -87,9 +90,11 @@ pub struct Auto {
     /// (`NONE`: none).
     pub floor_cal_us: u64,
     pub floor_cal_ms: u64,
-    /// Samples gathered towards that measurement.
+    /// Samples gathered towards that measurement, and the fastest of
+    /// them (`NONE`: none yet).
     pub cal_sum_us: u64,
     pub cal_count: u64,
+    pub cal_min_us: u64,
     /// How many intervals in a row the limit wanted to shrink and could
     /// not.
     pub stuck_run: u64,
@@ -102,19 +107,22 @@ pub struct Auto {
     pub serving_milli: u64,
     /// The limit before the measurement, given back if the floor stays.
     pub before_measure_milli: u64,
+    /// The average latency of the interval before the measurement (`NONE`:
+    /// none, or of fewer than half [`CAL_SAMPLES`] responses).
+    pub before_measure_avg_us: u64,
     /// Intervals left whose step is skipped: the one after a limit is
     /// given back (its responses were let in under the held limit).
     pub quiet: u64,
 }
 
-const VERSION: u8 = 3;
-const BODY: usize = 1 + 19 * 8;
+const VERSION: u8 = 4;
+const BODY: usize = 1 + 21 * 8;
 /// Responses averaged for a measured floor (as Envoy's
 /// `adaptive_concurrency` takes 50 by default, at its minimum concurrency).
 pub const CAL_SAMPLES: u64 = 50;
 /// Shrinks held back (by less than a tenth), counted up and down by each
 /// growth, before the floor is measured.
-const STUCK_RUN: u64 = 6;
+pub(crate) const STUCK_RUN: u64 = 6;
 /// No floor seen yet.
 const NONE: u64 = u64::MAX;
 /// A floor measurement that left the floor at the lowest latency seen.
@@ -141,11 +149,13 @@ impl Auto {
             floor_cal_ms: now_ms,
             cal_sum_us: 0,
             cal_count: 0,
+            cal_min_us: NONE,
             stuck_run: 0,
             measure_limit: 0,
             measure_start_ms: 0,
             serving_milli: 0,
             before_measure_milli: 0,
+            before_measure_avg_us: NONE,
             quiet: 0,
         }
     }
@@ -190,11 +200,13 @@ impl Auto {
             self.floor_cal_ms,
             self.cal_sum_us,
             self.cal_count,
+            self.cal_min_us,
             self.stuck_run,
             self.measure_limit,
             self.measure_start_ms,
             self.serving_milli,
             self.before_measure_milli,
+            self.before_measure_avg_us,
             self.quiet,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -225,11 +237,13 @@ impl Auto {
             floor_cal_ms: next()?,
             cal_sum_us: next()?,
             cal_count: next()?,
+            cal_min_us: next()?,
             stuck_run: next()?,
             measure_limit: next()?,
             measure_start_ms: next()?,
             serving_milli: next()?,
             before_measure_milli: next()?,
+            before_measure_avg_us: next()?,
             quiet: next()?,
         })
     }
@@ -254,6 +268,9 @@ impl Auto {
         if self.measure_limit > 0 {
             self.cal_sum_us = self.cal_sum_us.saturating_add(s.cal_sum_us);
             self.cal_count = self.cal_count.saturating_add(s.cal_count);
+            if let Some(m) = s.cal_min_us {
+                self.cal_min_us = self.cal_min_us.min(m);
+            }
         }
         // An interval lasts at least twice the floor (up to half the
         // floor window; the average latency before there is a floor):
@@ -342,9 +359,6 @@ impl Auto {
             NOTHING_LEARNED => since >= spec.floor_window_ms,
             _ => since >= spec.floor_window_ms / 4,
         };
-        // A shrink by a tenth or more starts the count again: the limit
-        // is moving (after a drop in capacity, say), and what the
-        // upstream serves is not settled yet.
         self.stuck_run = if !may_measure {
             0
         } else if g >= 1.0 {
@@ -358,10 +372,15 @@ impl Auto {
             // What the upstream serves at once by this floor: under its
             // capacity if the floor is too low, at it if a queue holds the
             // limit (nothing queues either way); by the lowest latency if a
-            // measured floor is over it (it may be too high).
+            // measured floor is over it (it may be too high). Rounded up
+            // from three quarters: a real upstream serves a little under
+            // its rate (2 slots: 1.9), and cut down to 1 half of it idled
+            // through the measurement; rounded up from a half, a standing
+            // queue of one over 1 slot (1.6) was measured at 2, queued,
+            // and the lowest latency it should have reset stayed high.
             let at = match self.lowest_us() {
                 Some(low) if floor_us > low => self.measure_point(spec, low, floor_us),
-                _ => serving.round() as u64,
+                _ => (serving + 0.25).floor() as u64,
             };
             self.start_measure(spec, at, now_ms);
         } else {
@@ -374,10 +393,17 @@ impl Auto {
         self.measure_limit = at.clamp(u64::from(spec.min).max(1), u64::from(spec.max).max(1));
         self.measure_start_ms = now_ms;
         self.before_measure_milli = self.limit_milli;
+        // Only an average of enough responses to compare with.
+        self.before_measure_avg_us = self
+            .sum_us
+            .checked_div(self.count)
+            .filter(|_| self.count >= CAL_SAMPLES / 2)
+            .unwrap_or(NONE);
         self.limit_milli = self.measure_limit.saturating_mul(1000);
         self.stuck_run = 0;
         self.cal_sum_us = 0;
         self.cal_count = 0;
+        self.cal_min_us = NONE;
     }
 
     /// Responses averaged for a measured floor: [`CAL_SAMPLES`], or 10 per
@@ -430,8 +456,22 @@ impl Auto {
         // the tolerance: within it, the limit was held by a real queue,
         // and the floor stays the lowest seen (following it down if it
         // falls), with nothing measured again until `floor_window`.
+        // Nor if the upstream became slower during the hold, its
+        // capacity falling (8 held on 2 slots of 20 ms measured 80 ms,
+        // and the limit then kept a queue of 10 at the upstream for the
+        // floor's window): held at or under what it served, it cannot
+        // queue more than before, so the average is within the tolerance
+        // of the interval's before the hold, and the fastest measured
+        // response is below the average by more than the tolerance (the
+        // upstream's own time varies: the reason to measure), where all
+        // of them would wait in a queue.
         let low = self.lowest_us();
-        let learned = avg.filter(|&a| !low.is_some_and(|l| within_tolerance(spec, l, a)));
+        let (fastest, before) = (self.cal_min_us, self.before_measure_avg_us);
+        let learned = avg.filter(|&a| {
+            !low.is_some_and(|l| within_tolerance(spec, l, a))
+                && !within_tolerance(spec, fastest, a)
+                && (before == NONE || within_tolerance(spec, before, a))
+        });
         if learned.is_none() {
             self.limit_milli = self.before_measure_milli;
             self.quiet = 1;
@@ -446,6 +486,7 @@ impl Auto {
         self.measure_limit = 0;
         self.cal_sum_us = 0;
         self.cal_count = 0;
+        self.cal_min_us = NONE;
     }
 
     /// A measured floor holds for `floor_window`; then it is dropped (the
@@ -483,7 +524,7 @@ impl Auto {
         let tol = u128::from(spec.tolerance_pct.max(100));
         let serving = u128::from(self.serving_milli);
         let by_lowest = serving * u128::from(low) / u128::from(floor.max(1));
-        let at = (by_lowest.max(serving * 100 / (4 * tol)) + 500) / 1000;
+        let at = (by_lowest.max(serving * 100 / (4 * tol)) + 250) / 1000;
         u64::try_from(at).unwrap_or(u64::MAX)
     }
 }
@@ -588,6 +629,7 @@ mod tests {
         {
             s.cal_sum_us = s.sum_us;
             s.cal_count = s.count;
+            s.cal_min_us = s.min_us;
         }
     }
 
@@ -607,11 +649,13 @@ mod tests {
             floor_cal_ms: 5,
             cal_sum_us: 40_000,
             cal_count: 2,
+            cal_min_us: 15_000,
             stuck_run: 1,
             measure_limit: 3,
             measure_start_ms: 4,
             serving_milli: 2_500,
             before_measure_milli: 9_000,
+            before_measure_avg_us: 21_000,
             quiet: 1,
         };
         let bytes = a.encode();
@@ -762,7 +806,7 @@ mod tests {
         // Little's law). The held limit was that estimate truncated: 1 on
         // 2 slots, half the upstream idle for the 50 responses of a
         // measurement (in bench/overload.py, 1.1 s at half the goodput and
-        // the worst p99 of the run). It is rounded to the nearest.
+        // the worst p99 of the run). It is rounded up from three quarters.
         for capacity in [2, 3, 4, 8] {
             let mut sim = Sim::new(capacity);
             sim.served_pct = 95;

@@ -7,6 +7,8 @@
 //! it found a measured floor that took a queue for the upstream's own
 //! time and ran the limit up to its maximum.
 
+#[cfg(test)]
+use super::adaptive::STUCK_RUN;
 use super::adaptive::{AdaptiveSpec, Auto, Samples};
 use crate::rng::SplitMix;
 use std::cmp::Reverse;
@@ -19,6 +21,8 @@ pub enum Dist {
     Uniform(u64, u64),
     /// Exponential with this mean, plus a constant.
     Exp(u64, u64),
+    /// `pct`% take `fast`, the others `slow` ± 1%.
+    Bimodal(u64, u64, u64),
 }
 
 pub struct Des {
@@ -77,6 +81,13 @@ impl Des {
             Dist::Exp(m, c) => {
                 let u = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
                 c + (-(1.0 - u).ln() * m as f64) as u64
+            }
+            Dist::Bimodal(f, sl, pct) => {
+                if self.rng.below(100) < pct {
+                    f
+                } else {
+                    sl - sl / 100 + self.rng.below(sl / 50 + 1)
+                }
             }
         }
     }
@@ -160,6 +171,12 @@ impl Des {
                 }
             }
         }
+    }
+
+    /// The upstream's slots from now on (requests in service over it
+    /// finish; no new one starts until fewer are busy).
+    pub fn set_capacity(&mut self, cap: u64) {
+        self.cap = cap;
     }
 
     pub fn reset_stats(&mut self) {
@@ -246,6 +263,48 @@ mod tests {
     }
 
     #[test]
+    fn a_capacity_that_falls_during_a_measurement_is_not_taken_for_the_floor() {
+        // 8 slots of a steady 20 ms fall to 2 while the limit is held to
+        // measure the floor. Every measured response then waited in the
+        // queue of the held 8 (80 ms): taken for the floor, the limit kept
+        // a queue of about 10 at the upstream for the floor's window
+        // (bench/overload.py: 150 to 370 ms for the whole 2-slot phase).
+        for held_at_drop_ms in [0, 150, 400] {
+            let mut d = Des::new(
+                AdaptiveSpec { min: 1, ..spec() },
+                8,
+                Dist::Uniform(20_000, 0),
+                &[1, 100],
+                1,
+            );
+            d.run(10_000);
+            // A steady upstream's limit is seldom held back long enough
+            // here (the bench's real one was): one shrink held back away.
+            let mut waited = 0;
+            while d.auto.measure_limit == 0 && waited < 60_000 {
+                d.auto.stuck_run = d.auto.stuck_run.max(STUCK_RUN - 1);
+                d.run(10);
+                waited += 10;
+            }
+            assert!(d.auto.measure_limit > 0, "no measurement in 60 s");
+            d.run(held_at_drop_ms);
+            d.set_capacity(2);
+            d.run(2_000);
+            d.reset_stats();
+            let limits = d.run(20_000);
+            let what = format!(
+                "drop {held_at_drop_ms} ms into the hold: floor {:?}, limits {:?}.., queue {:.1}",
+                d.auto.floor_us(),
+                &limits[..20],
+                d.queued()
+            );
+            assert!(d.auto.floor_us() <= Some(25_000), "{what}");
+            assert!(d.queued() < 2.0, "{what}");
+            assert!(d.used() > 0.85, "{what}");
+        }
+    }
+
+    #[test]
     fn an_upstream_that_becomes_faster_is_followed() {
         // 16 slots of 30 ± 20 ms, then 10 ± 5: the measured floor of 30 ms
         // let a queue form (40 requests over 30 s when measurements were
@@ -262,5 +321,29 @@ mod tests {
             queues.push(d.queued());
         }
         assert!(queues.iter().all(|&q| q < 8.0), "{queues:?}");
+    }
+
+    #[test]
+    fn a_few_very_fast_responses_among_slow_ones_do_not_run_the_limit_away() {
+        // 4 slots, 5% of responses in 1 ms and the rest in 200 ms: the
+        // lowest latency is next to nothing. With intervals twice the
+        // average latency (before session 17), one seed in ten ran the
+        // limit to 260 with a queue of 72 at the upstream (a review's
+        // simulation); with intervals twice the floor, at most 15.
+        for seed in 1..=10 {
+            let mut d = Des::new(spec(), 4, Dist::Bimodal(1_000, 200_000, 5), &[1, 100], seed);
+            d.run(60_000);
+            d.reset_stats();
+            d.run(120_000);
+            let what = format!(
+                "seed {seed}: max {}, used {:.2}, queue {:.1}",
+                d.max_limit,
+                d.used(),
+                d.queued()
+            );
+            assert!(d.max_limit <= 4 * 4 + 8, "{what}");
+            assert!(d.queued() < 4.0, "{what}");
+            assert!(d.used() > 0.6, "{what}");
+        }
     }
 }
