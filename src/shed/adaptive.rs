@@ -372,15 +372,10 @@ impl Auto {
             // What the upstream serves at once by this floor: under its
             // capacity if the floor is too low, at it if a queue holds the
             // limit (nothing queues either way); by the lowest latency if a
-            // measured floor is over it (it may be too high). Rounded up
-            // from three quarters: a real upstream serves a little under
-            // its rate (2 slots: 1.9), and cut down to 1 half of it idled
-            // through the measurement; rounded up from a half, a standing
-            // queue of one over 1 slot (1.6) was measured at 2, queued,
-            // and the lowest latency it should have reset stayed high.
+            // measured floor is over it (it may be too high).
             let at = match self.lowest_us() {
                 Some(low) if floor_us > low => self.measure_point(spec, low, floor_us),
-                _ => (serving + 0.25).floor() as u64,
+                _ => held_limit(u128::from(self.serving_milli)),
             };
             self.start_measure(spec, at, now_ms);
         } else {
@@ -524,9 +519,18 @@ impl Auto {
         let tol = u128::from(spec.tolerance_pct.max(100));
         let serving = u128::from(self.serving_milli);
         let by_lowest = serving * u128::from(low) / u128::from(floor.max(1));
-        let at = (by_lowest.max(serving * 100 / (4 * tol)) + 250) / 1000;
-        u64::try_from(at).unwrap_or(u64::MAX)
+        held_limit(by_lowest.max(serving * 100 / (4 * tol)))
     }
+}
+
+/// The whole limit a measurement holds for what the upstream serves at
+/// once (in thousandths): rounded up from three quarters. A real upstream
+/// serves a little under its rate (2 slots: 1.9), and cut down to 1 half
+/// of it idled through the measurement; rounded up from a half, a
+/// standing queue of one over 1 slot (1.6) was measured at 2, queued, and
+/// the lowest latency it should have reset stayed high.
+fn held_limit(serving_milli: u128) -> u64 {
+    u64::try_from(serving_milli.saturating_add(250) / 1000).unwrap_or(u64::MAX)
 }
 
 /// Whether `latency_us` is within the tolerance of the lowest latency
