@@ -122,6 +122,11 @@ pub struct Config {
     pub retry_budgets: Vec<BudgetSpec>,
     pub deadlines: Option<DeadlineSpec>,
     pub concurrency_limits: Vec<LimitSpec>,
+    /// A fingerprint of the configuration's text: every VM given one
+    /// configuration has the same, and a replacement (ECDS) has another,
+    /// so that the state of a configuration still alive only for its last
+    /// requests can tell it was replaced (see global limits' lease).
+    pub version: u64,
 }
 
 /// Parses and validates the plugin configuration. An empty input means "no
@@ -166,7 +171,9 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         })?;
         raw
     };
-    validate(raw)
+    let mut config = validate(raw)?;
+    config.version = version_of(bytes);
+    Ok(config)
 }
 
 /// serde_json's "expected value" where a value does start: a field that
@@ -185,10 +192,7 @@ fn wrong_type(bytes: &[u8], e: &serde_json::Error) -> bool {
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let domain = raw.domain.unwrap_or_else(|| "default".to_string());
     check_name("domain", &domain)?;
-    let max_cas_retries = raw.max_cas_retries.unwrap_or(16);
-    if max_cas_retries == 0 || max_cas_retries > 1000 {
-        return Err(err("max_cas_retries", "must be between 1 and 1000"));
-    }
+    let max_cas_retries = cas_retries(raw.max_cas_retries)?;
     let rules = items(
         "rate_limits",
         "rule",
@@ -240,7 +244,22 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         response: validate_response(raw.response.into_inner())?,
         failure_mode_deny: raw.failure_mode_deny,
         max_cas_retries,
+        version: 0,
     })
+}
+
+fn cas_retries(raw: Option<u32>) -> Result<u32, ConfigError> {
+    match raw.unwrap_or(16) {
+        n @ 1..=1000 => Ok(n),
+        _ => Err(err("max_cas_retries", "must be between 1 and 1000")),
+    }
+}
+
+/// The configuration's version: a hash of its text.
+fn version_of(bytes: &[u8]) -> u64 {
+    let mut h = crate::hash::Keyed::new((0x736c_7569_6365, 0x0076_6572_7369_6f6e));
+    h.field(bytes);
+    h.finish()
 }
 
 /// Validates the items of list `list` in order, refusing a name given twice.

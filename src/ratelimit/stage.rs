@@ -191,7 +191,12 @@ fn coordinator(
         return (None, of);
     }
     (
-        Some(Coordinator::new(&config.domain, rules, services, vm)),
+        Some(Coordinator::new(
+            &config.domain,
+            rules,
+            services,
+            (vm, config.version),
+        )),
         of,
     )
 }
@@ -302,6 +307,7 @@ impl Stage for RateLimits {
             cx.record(m.table_entries, u64::from(self.limiter.table_len(i)));
         }
         if let Some(g) = self.global.as_mut() {
+            g.announce(cx.store());
             let mut report = Report::default();
             g.follow_health(cx.store(), &mut report);
             self.apply(cx, report);
@@ -439,7 +445,8 @@ impl Stage for RateLimits {
             if g.is_leader() {
                 cx.add(self.leader_metric, -1);
             }
-            g.close(cx.store());
+            let now_ms = cx.now_ms();
+            g.close(cx.store(), now_ms);
         }
     }
 }

@@ -12,11 +12,13 @@ fn close(mut body: Vec<u8>) -> Vec<u8> {
     body
 }
 
-/// The lease of the VM that speaks to the service for this Envoy.
+/// The lease of the VM that speaks to the service for this Envoy, with
+/// the version of the configuration it belongs to (`Config::version`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
     pub owner: u64,
     pub until_ms: u64,
+    pub config: u64,
 }
 
 impl Lease {
@@ -24,11 +26,12 @@ impl Lease {
         let mut b = vec![VERSION];
         b.extend_from_slice(&self.owner.to_le_bytes());
         b.extend_from_slice(&self.until_ms.to_le_bytes());
+        b.extend_from_slice(&self.config.to_le_bytes());
         close(b)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Lease, Corrupt> {
-        let body = checked_body(bytes, 17)?;
+        let body = checked_body(bytes, 25)?;
         let mut r = Reader(body);
         if r.take::<1>()? != [VERSION] {
             return Err(Corrupt);
@@ -36,8 +39,26 @@ impl Lease {
         Ok(Lease {
             owner: r.u64()?,
             until_ms: r.u64()?,
+            config: r.u64()?,
         })
     }
+}
+
+/// The version of the newest configuration started with these global
+/// rules (`Config::version`).
+pub fn encode_newest(config: u64) -> Vec<u8> {
+    let mut b = vec![VERSION];
+    b.extend_from_slice(&config.to_le_bytes());
+    close(b)
+}
+
+pub fn decode_newest(bytes: &[u8]) -> Result<u64, Corrupt> {
+    let body = checked_body(bytes, 9)?;
+    let mut r = Reader(body);
+    if r.take::<1>()? != [VERSION] {
+        return Err(Corrupt);
+    }
+    r.u64()
 }
 
 /// The state of the breaker on a rate-limit service.

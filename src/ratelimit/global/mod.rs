@@ -185,8 +185,12 @@ pub struct Coordinator {
     pub rules: Vec<GlobalRule>,
     pub services: Vec<Service>,
     me: u64,
+    /// The version of this VM's configuration (`Config::version`).
+    config: u64,
     leader: bool,
     lease_key: String,
+    /// The version of the newest configuration started with these rules.
+    newest_key: String,
     want_key: String,
     /// The name of the shared queue the leader listens on (see `hurry`).
     pub queue: String,
@@ -220,12 +224,12 @@ fn oldest_first(v: &mut [((u8, u64), u64)]) {
 }
 
 impl Coordinator {
-    /// `me`: a random id of this VM.
+    /// `me`: a random id of this VM; `config`: its configuration's version.
     pub fn new(
         config_domain: &str,
         rules: Vec<GlobalRule>,
         services: Vec<Service>,
-        me: u64,
+        (me, config): (u64, u64),
     ) -> Self {
         let mut id = StateId::new((0x676c_6f62_616c, 0x006c_6561_7365), config_domain);
         for r in &rules {
@@ -237,8 +241,10 @@ impl Coordinator {
             rules,
             services,
             me,
+            config,
             leader: false,
-            lease_key: format!("sg{id:08x}/lease"),
+            lease_key: format!("sg{id:08x}/lease2"),
+            newest_key: format!("sg{id:08x}/newest"),
             want_key: format!("sg{id:08x}/want"),
             queue: format!("sg{id:08x}/hurry"),
             local: FastMap::default(),
@@ -447,38 +453,63 @@ impl Coordinator {
         }
     }
 
+    /// Says that this configuration is the newest with these rules (when
+    /// it starts): a configuration it replaces gives the lease up to it.
+    pub fn announce(&self, store: &dyn Store) {
+        let _ = store.set(&self.newest_key, &codec::encode_newest(self.config), None);
+    }
+
+    /// The newest configuration's version (none if unknown or corrupt).
+    fn newest(&self, store: &dyn Store) -> Option<u64> {
+        let e = store.get(&self.newest_key).ok()??;
+        codec::decode_newest(&e.bytes).ok()
+    }
+
     /// Renews or takes the lease; returns whether this VM holds it.
+    ///
+    /// A configuration replaced (ECDS) lives on in a VM only for its last
+    /// requests, and its calls die with it. So a VM of the newest
+    /// configuration takes the lease from an older configuration's VM at
+    /// once, and an older configuration's VM takes a free lease only once
+    /// it has been free for a whole lease (no VM of the newest is there to).
     fn hold_lease(&self, store: &dyn Store, now_ms: u64) -> bool {
         let (current, cas) = match store.get(&self.lease_key) {
             Ok(Some(e)) => (Lease::decode(&e.bytes).ok(), e.cas),
             Ok(None) => (None, None),
             Err(_) => return false,
         };
-        if let Some(l) = current {
-            if l.owner != self.me && l.until_ms > now_ms {
+        if let Some(l) = current.filter(|l| l.owner != self.me) {
+            let take = if l.until_ms > now_ms {
+                l.config != self.config && self.newest(store) == Some(self.config)
+            } else {
+                now_ms >= l.until_ms.saturating_add(LEASE_MS)
+                    || self.newest(store).is_none_or(|n| n == self.config)
+            };
+            if !take {
                 return false;
             }
         }
         let lease = Lease {
             owner: self.me,
             until_ms: now_ms + LEASE_MS,
+            config: self.config,
         };
         store.set(&self.lease_key, &lease.encode(), cas).is_ok()
     }
 
-    /// Gives the lease up (the configuration is going away).
-    pub fn resign(&mut self, store: &dyn Store) {
+    /// Gives the lease up (the configuration is going away): free from
+    /// now on.
+    pub fn resign(&mut self, store: &dyn Store, now_ms: u64) {
         if !self.leader {
             return;
         }
         self.leader = false;
         if let Ok(Some(e)) = store.get(&self.lease_key) {
-            if Lease::decode(&e.bytes).is_ok_and(|l| l.owner == self.me) {
-                let lease = Lease {
-                    owner: self.me,
-                    until_ms: 0,
-                };
-                let _ = store.set(&self.lease_key, &lease.encode(), e.cas);
+            if let Ok(mut l) = Lease::decode(&e.bytes) {
+                if l.owner == self.me {
+                    l.until_ms = now_ms;
+                    let _ = store.set(&self.lease_key, &l.encode(), e.cas);
+                }
             }
         }
     }
@@ -867,8 +898,8 @@ impl Coordinator {
     }
 
     /// The configuration is going away.
-    pub fn close(&mut self, store: &dyn Store) {
-        self.resign(store);
+    pub fn close(&mut self, store: &dyn Store, now_ms: u64) {
+        self.resign(store, now_ms);
     }
 }
 

@@ -234,8 +234,13 @@ fn shared_records_round_trip_and_corruption_is_detected() {
     let l = Lease {
         owner: 9,
         until_ms: T0,
+        config: 7,
     };
     assert_eq!(Lease::decode(&l.encode()), Ok(l));
+    assert_eq!(codec::decode_newest(&codec::encode_newest(5)), Ok(5));
+    let mut n = codec::encode_newest(5);
+    n[3] ^= 1;
+    assert!(codec::decode_newest(&n).is_err());
     let h = Health {
         state: HealthState::HalfOpen,
         failures: 4,
@@ -289,11 +294,48 @@ fn one_vm_leads_and_another_takes_over_when_its_lease_lapses() {
     // Between slow ticks (a fast tick), nothing but the demand report.
     assert_eq!(b.tick(&store, T0 + super::LEASE_MS + 3), Report::default());
     // A leader that resigns lets another lead at once.
-    b.coord.resign(&store);
+    b.coord.resign(&store, T0 + super::LEASE_MS + 100);
     assert_eq!(
         a.tick(&store, T0 + super::LEASE_MS + 200).leader,
         Some(true)
     );
+}
+
+#[test]
+fn a_replaced_configuration_gives_the_lease_to_the_new_one_and_leaves_it_free_for_it() {
+    let store = MemoryStore::default();
+    let old = config("");
+    // Another text is another configuration (ECDS pushed a new one).
+    let new = format!("{old} ");
+    let mut a = vm(&old, 1, &store);
+    let mut b = vm(&old, 2, &store);
+    a.coord.announce(&store);
+    b.coord.announce(&store);
+    assert_eq!(a.tick(&store, T0).leader, Some(true));
+    // The new configuration starts: its VM takes the lease at once, though
+    // the old leader's has most of a second to run.
+    let mut n = vm(&new, 3, &store);
+    n.coord.announce(&store);
+    assert_eq!(b.tick(&store, T0 + 5).leader, None);
+    assert_eq!(n.tick(&store, T0 + 10).leader, Some(true));
+    assert_eq!(a.tick(&store, T0 + 100).leader, Some(false));
+    assert_eq!(a.tick(&store, T0 + 200).leader, None, "not taken back");
+    // The new leader goes away (its worker's configuration is dropped):
+    // the old configuration's VMs, alive only for their last requests,
+    // leave the free lease to the new configuration's other VMs.
+    n.coord.resign(&store, T0 + 250);
+    assert_eq!(a.tick(&store, T0 + 300).leader, None);
+    assert_eq!(b.tick(&store, T0 + 300).leader, None);
+    let mut m = vm(&new, 4, &store);
+    assert_eq!(m.tick(&store, T0 + 310).leader, Some(true));
+    // No VM of the new configuration is left: an old one takes the lease
+    // once it has been free for a whole lease, and keeps it.
+    let lapsed = T0 + 310 + super::LEASE_MS;
+    assert_eq!(a.tick(&store, lapsed + 1).leader, None);
+    assert_eq!(a.tick(&store, lapsed + super::LEASE_MS).leader, Some(true));
+    assert_eq!(b.tick(&store, lapsed + super::LEASE_MS + 10).leader, None);
+    assert_eq!(a.tick(&store, lapsed + super::LEASE_MS + 100).leader, None);
+    assert!(a.coord.is_leader());
 }
 
 #[test]
