@@ -18,7 +18,7 @@ pub const SCALE: u64 = 100_000;
 /// The step of a class with share 0: it goes when nobody else waits.
 const NEVER: u64 = 1 << 40;
 /// The most turns a class is owed by waiters that left (see `left`).
-const MAX_OWED: usize = 4;
+const MAX_OWED: usize = 16;
 
 /// Per-worker virtual clocks of one shedder, indexed by `Class as usize`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -330,7 +330,7 @@ mod tests {
         // At most MAX_OWED are kept, the earliest; a share-0 turn is never
         // owed.
         c.seen(200_000, 0);
-        for i in (0..10).rev() {
+        for i in (0..MAX_OWED as u64 + 6).rev() {
             c.left(1, 300_000 + i, 0);
         }
         for i in 0..MAX_OWED as u64 {
