@@ -61,6 +61,8 @@ SCENARIOS = [
     ("rl_cb_hdr", "sluice RL + breaker keyed by a request header", "sluice",
      dict(RL, circuit_breakers=[{"name": "upstream", "key": {"header": bench.TENANT_HEADER[0]}}])),
     ("rl_shed", "sluice RL + shedder", "sluice", dict(RL, **SHEDDER)),
+    ("rl_shed_auto", "sluice RL + shedder with an adaptive limit (max: auto)", "sluice",
+     dict(RL, shedders=[{"name": "route", "concurrency": {"max": "auto"}}])),
     ("all", "sluice RL + breaker + shedder", "sluice", dict(RL, **BREAKER, **SHEDDER)),
     ("rl_bulkhead", "sluice RL + a concurrency limit per tenant", "sluice",
      dict(RL, concurrency_limits=[{"name": "tenant", "key": [{"header": bench.TENANT_HEADER[0]}], "max": 1000}])),
