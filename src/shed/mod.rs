@@ -1137,7 +1137,7 @@ impl Shedders {
                 .map_or(0, |i| i + 1);
             q.insert(at, w);
         }
-        l.clocks.paid(w.class as usize);
+        l.clocks.paid(w.class as usize, w.turn_ms);
         // An eviction leaves the count as it is; either way the new
         // waiter may now be this worker's best (its claim).
         let op = if evicted.is_none() {

@@ -95,11 +95,14 @@ impl Clocks {
         }
     }
 
-    /// A request of `class` took the turn `next` gave it, by queueing or
-    /// by a free place: an owed turn is paid.
-    pub fn paid(&mut self, class: usize) {
+    /// A request of `class` took the turn `next` gave it (`turn`), by
+    /// queueing or by a free place: an owed turn is paid, and so are the
+    /// others that have come round meanwhile (at most one goes at the turn
+    /// being served: a class that comes back after its owed turns have
+    /// passed, idle since, has one turn of credit, not a burst).
+    pub fn paid(&mut self, class: usize, turn: u64) {
         if let Some(o) = self.owed.get_mut(class) {
-            o.pop();
+            o.pay(turn);
         }
     }
 
@@ -127,7 +130,7 @@ impl Clocks {
     /// waited: its class's next turn comes after it; the turn being served
     /// stays (nobody was passed over).
     pub fn took(&mut self, class: usize, turn: u64, now_ms: u64) {
-        self.paid(class);
+        self.paid(class, turn);
         self.last(class, turn, now_ms);
     }
 
@@ -188,14 +191,14 @@ impl Owed {
         }
     }
 
-    /// Removes the earliest.
-    fn pop(&mut self) {
-        if let Some(kept) = self.turns.get_mut(..self.n) {
-            if !kept.is_empty() {
-                kept.rotate_left(1);
-                self.n -= 1;
-            }
-        }
+    /// Removes the turns up to `turn` (the one taken and any before it).
+    fn pay(&mut self, turn: u64) {
+        let Some(kept) = self.turns.get_mut(..self.n) else {
+            return;
+        };
+        let gone = kept.iter().take_while(|&&t| t <= turn).count();
+        kept.rotate_left(gone);
+        self.n -= gone;
     }
 }
 
@@ -308,24 +311,24 @@ mod tests {
         // Still owed while the arrival given it is not queued (shed at
         // once); paid once one takes it.
         assert_eq!(c.next(SHARES, 1, 0, Some(1_000 + 2 * step)), 1_000 + step);
-        c.paid(1);
+        c.paid(1, 1_000 + step);
         assert_eq!(
             c.next(SHARES, 1, 0, Some(1_000 + 2 * step)),
             1_000 + 3 * step
         );
-        // Several owed: each once, earliest first; those that have come
-        // round meanwhile, at the turn being served (the class goes first).
+        // Several owed: each once, earliest first.
         c.left(1, 1_000 + 3 * step, 0);
         c.left(1, 1_000 + 2 * step, 0);
         assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 2 * step);
-        c.paid(1);
+        c.paid(1, 1_000 + 2 * step);
         assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 3 * step);
+        // Those that have come round meanwhile (the class was idle since):
+        // one goes at the turn being served, the others are dropped, so a
+        // class coming back gets one turn of credit, not a burst.
         c.left(1, 1_000 + 2 * step, 0);
         c.seen(1_000 + 5 * step, 0);
         assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 5 * step);
-        c.paid(1);
-        assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 5 * step);
-        c.paid(1);
+        c.paid(1, 1_000 + 5 * step);
         assert_eq!(c.next(SHARES, 1, 0, None), 1_000 + 4 * step);
         // At most MAX_OWED are kept, the earliest; a share-0 turn is never
         // owed.
@@ -335,7 +338,7 @@ mod tests {
         }
         for i in 0..MAX_OWED as u64 {
             assert_eq!(c.next(SHARES, 1, 0, None), 300_000 + i);
-            c.paid(1);
+            c.paid(1, 300_000 + i);
         }
         assert_eq!(c.next(SHARES, 1, 0, None), 200_000 - step);
         let far = c.next([0, 50, 50], 0, 0, None);

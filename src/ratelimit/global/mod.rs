@@ -423,7 +423,9 @@ impl Coordinator {
     /// the leader (it lost the lease since it listened). Every wake-up
     /// takes the demand (two in one millisecond bring two workers' keys).
     pub fn hurry(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
-        if !self.leader {
+        // Read again: a newer configuration's VM may have taken the lease
+        // since this one's last tick (and this one's calls may die soon).
+        if !self.leader || !self.holds_lease(store, now_ms) {
             return;
         }
         // Only the keys this demand brings (not every key the leader
@@ -455,8 +457,19 @@ impl Coordinator {
 
     /// Says that this configuration is the newest with these rules (when
     /// it starts): a configuration it replaces gives the lease up to it.
+    /// (Not retried on a tick: by then a newer one may have started.)
     pub fn announce(&self, store: &dyn Store) {
         let _ = store.set(&self.newest_key, &codec::encode_newest(self.config), None);
+    }
+
+    /// Whether this VM holds the lease, as shared data says now.
+    fn holds_lease(&self, store: &dyn Store, now_ms: u64) -> bool {
+        store
+            .get(&self.lease_key)
+            .ok()
+            .flatten()
+            .and_then(|e| Lease::decode(&e.bytes).ok())
+            .is_some_and(|l| l.owner == self.me && l.until_ms > now_ms)
     }
 
     /// The newest configuration's version (none if unknown or corrupt).

@@ -318,6 +318,16 @@ fn a_replaced_configuration_gives_the_lease_to_the_new_one_and_leaves_it_free_fo
     n.coord.announce(&store);
     assert_eq!(b.tick(&store, T0 + 5).leader, None);
     assert_eq!(n.tick(&store, T0 + 10).leader, Some(true));
+    // Until its next tick the old leader still thinks it leads: woken for
+    // a new key's demand, it reads the lease again and leaves the demand
+    // to the new leader (its calls would die with it).
+    assert_ne!(b.request(&store, T0 + 20, "new"), Verdict::Allow);
+    assert!(b.tick(&store, T0 + 21).wake);
+    let mut r = Report::default();
+    a.coord.hurry(&store, T0 + 22, &mut r);
+    assert!(r.calls.is_empty(), "{r:?}");
+    n.coord.hurry(&store, T0 + 23, &mut r);
+    assert_eq!(r.calls.len(), 1, "{r:?}");
     assert_eq!(a.tick(&store, T0 + 100).leader, Some(false));
     assert_eq!(a.tick(&store, T0 + 200).leader, None, "not taken back");
     // The new leader goes away (its worker's configuration is dropped):
