@@ -348,7 +348,8 @@ impl Auto {
         let next = next_limit(spec, limit, g, floor_us, seen);
         let serving = seen.serving(limit, floor_us);
         self.serving_milli = (serving * 1000.0) as u64;
-        // Held back: a shrink by less than a tenth. Counted up, and down
+        // Held back: a shrink by less than 15% (10% left an upstream of 31
+        // to 111 ms 42% used: its shrinks of 10 to 13% never counted). Counted up, and down
         // by a growth (noise lets one through now and then). Not within a
         // window of a measurement that left the floor at the lowest
         // latency (a real queue held the limit), nor within a quarter
@@ -363,7 +364,7 @@ impl Auto {
             0
         } else if g >= 1.0 {
             self.stuck_run.saturating_sub(1)
-        } else if next.saturating_mul(10) >= self.limit_milli.saturating_mul(9) {
+        } else if next.saturating_mul(20) >= self.limit_milli.saturating_mul(17) {
             self.stuck_run.saturating_add(1).min(STUCK_RUN)
         } else {
             self.stuck_run
@@ -1098,6 +1099,56 @@ mod tests {
             assert!(used > 0.85, "{what}");
             assert!(median <= capacity * 3 + 2, "{what}");
         }
+    }
+
+    #[test]
+    fn property_over_many_seeds_no_noisy_upstream_is_left_mostly_idle() {
+        // The random upstreams of the property above, over seven seeds
+        // (1,050 cases). Before: a shrink of 10 to 15% per interval did
+        // not count as held back, so an upstream of 8 slots at 31 to 111
+        // ms (lowest latency 31, average 71, tolerance 1.68) never had
+        // its floor measured and was 42% used (seed 9, case 95); 6 of
+        // these cases were under 85%, one under 75%.
+        let (mut low, mut cases, mut used_sum) = (Vec::new(), 0, 0.0);
+        for seed in [1, 2, 3, 4, 5, 6, 9] {
+            let mut rng = crate::rng::SplitMix(seed);
+            for case in 0..150 {
+                let capacity = 1 + rng.below(24);
+                let mean_us = 5_000 + rng.below(75_000);
+                let spread_us = mean_us * rng.below(91) / 100;
+                let spec = AdaptiveSpec {
+                    min: 1 + rng.below(capacity.min(3)) as u32,
+                    tolerance_pct: 110 + rng.below(91) as u32,
+                    floor_window_ms: 30_000,
+                    ..spec()
+                };
+                let mut up = Noisy {
+                    capacity,
+                    mean_us,
+                    spread_us,
+                    rng: crate::rng::SplitMix(case),
+                    started: false,
+                };
+                let mut now = 1_000_000;
+                let mut auto = Auto::new(&spec, now);
+                up.run(&mut auto, &spec, &mut now, 100);
+                let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 900);
+                limits.sort_unstable();
+                assert!(limits[450] <= capacity * 3 + 2, "seed {seed} case {case}");
+                cases += 1;
+                used_sum += used;
+                if used <= 0.85 {
+                    low.push((seed, case, used));
+                }
+            }
+        }
+        assert!(low.iter().all(|&(_, _, u)| u > 0.75), "{low:?}");
+        assert!(low.len() <= cases / 200, "{low:?}");
+        assert!(
+            used_sum / cases as f64 > 0.98,
+            "{}",
+            used_sum / cases as f64
+        );
     }
 
     #[test]
