@@ -1063,6 +1063,34 @@ mod tests {
         Noisy::new(capacity).run(auto, spec, now, rounds)
     }
 
+    /// One random upstream and settings of the property tests below,
+    /// run for 10 s, then 90 s measured: the upstream and settings, the
+    /// part of the capacity used and the limit's median.
+    fn random_case(rng: &mut crate::rng::SplitMix, case: u64) -> (Noisy, AdaptiveSpec, f64, u64) {
+        let capacity = 1 + rng.below(24);
+        let mean_us = 5_000 + rng.below(75_000);
+        let spread_us = mean_us * rng.below(91) / 100;
+        let spec = AdaptiveSpec {
+            min: 1 + rng.below(capacity.min(3)) as u32,
+            tolerance_pct: 110 + rng.below(91) as u32,
+            floor_window_ms: 30_000,
+            ..spec()
+        };
+        let mut up = Noisy {
+            capacity,
+            mean_us,
+            spread_us,
+            rng: crate::rng::SplitMix(case),
+            started: false,
+        };
+        let mut now = 1_000_000;
+        let mut auto = Auto::new(&spec, now);
+        up.run(&mut auto, &spec, &mut now, 100);
+        let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 900);
+        limits.sort_unstable();
+        (up, spec, used, limits[450])
+    }
+
     #[test]
     fn property_any_upstream_is_kept_busy_and_not_flooded() {
         // Random upstreams (1 to 24 slots, 5 to 80 ms, a spread of up to
@@ -1074,29 +1102,12 @@ mod tests {
         // at every interval).
         let mut rng = crate::rng::SplitMix(7);
         for case in 0..150 {
-            let capacity = 1 + rng.below(24);
-            let mean_us = 5_000 + rng.below(75_000);
-            let spread_us = mean_us * rng.below(91) / 100;
-            let spec = AdaptiveSpec {
-                min: 1 + rng.below(capacity.min(3)) as u32,
-                tolerance_pct: 110 + rng.below(91) as u32,
-                floor_window_ms: 30_000,
-                ..spec()
-            };
-            let mut up = Noisy {
-                capacity,
-                mean_us,
-                spread_us,
-                rng: crate::rng::SplitMix(case),
-                started: false,
-            };
-            let mut now = 1_000_000;
-            let mut auto = Auto::new(&spec, now);
-            up.run(&mut auto, &spec, &mut now, 100);
-            let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 900);
-            limits.sort_unstable();
-            let median = limits[450];
-            let what = format!("case {case}: {capacity} slots, {mean_us} ± {spread_us} µs, {spec:?}: used {used:.2}, median {median}");
+            let (up, spec, used, median) = random_case(&mut rng, case);
+            let capacity = up.capacity;
+            let what = format!(
+                "case {case}: {capacity} slots, {} ± {} µs, {spec:?}: used {used:.2}, median {median}",
+                up.mean_us, up.spread_us
+            );
             assert!(used > 0.85, "{what}");
             assert!(median <= capacity * 3 + 2, "{what}");
         }
@@ -1114,28 +1125,8 @@ mod tests {
         for seed in [1, 2, 3, 4, 5, 6, 9] {
             let mut rng = crate::rng::SplitMix(seed);
             for case in 0..150 {
-                let capacity = 1 + rng.below(24);
-                let mean_us = 5_000 + rng.below(75_000);
-                let spread_us = mean_us * rng.below(91) / 100;
-                let spec = AdaptiveSpec {
-                    min: 1 + rng.below(capacity.min(3)) as u32,
-                    tolerance_pct: 110 + rng.below(91) as u32,
-                    floor_window_ms: 30_000,
-                    ..spec()
-                };
-                let mut up = Noisy {
-                    capacity,
-                    mean_us,
-                    spread_us,
-                    rng: crate::rng::SplitMix(case),
-                    started: false,
-                };
-                let mut now = 1_000_000;
-                let mut auto = Auto::new(&spec, now);
-                up.run(&mut auto, &spec, &mut now, 100);
-                let (mut limits, used) = up.run(&mut auto, &spec, &mut now, 900);
-                limits.sort_unstable();
-                assert!(limits[450] <= capacity * 3 + 2, "seed {seed} case {case}");
+                let (up, _, used, median) = random_case(&mut rng, case);
+                assert!(median <= up.capacity * 3 + 2, "seed {seed} case {case}");
                 cases += 1;
                 used_sum += used;
                 if used <= 0.85 {
