@@ -12,6 +12,16 @@ fn close(mut body: Vec<u8>) -> Vec<u8> {
     body
 }
 
+/// The fields of a record of `len` bytes before its check, after its
+/// version byte (what `close` sealed).
+fn open(bytes: &[u8], len: usize) -> Result<Reader<'_>, Corrupt> {
+    let mut r = Reader(checked_body(bytes, len)?);
+    if r.take::<1>()? != [VERSION] {
+        return Err(Corrupt);
+    }
+    Ok(r)
+}
+
 /// The lease of the VM that speaks to the service for this Envoy, with
 /// the version of the configuration it belongs to (`Config::version`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,11 +41,7 @@ impl Lease {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Lease, Corrupt> {
-        let body = checked_body(bytes, 25)?;
-        let mut r = Reader(body);
-        if r.take::<1>()? != [VERSION] {
-            return Err(Corrupt);
-        }
+        let mut r = open(bytes, 25)?;
         Ok(Lease {
             owner: r.u64()?,
             until_ms: r.u64()?,
@@ -53,12 +59,7 @@ pub fn encode_newest(config: u64) -> Vec<u8> {
 }
 
 pub fn decode_newest(bytes: &[u8]) -> Result<u64, Corrupt> {
-    let body = checked_body(bytes, 9)?;
-    let mut r = Reader(body);
-    if r.take::<1>()? != [VERSION] {
-        return Err(Corrupt);
-    }
-    r.u64()
+    open(bytes, 9)?.u64()
 }
 
 /// The state of the breaker on a rate-limit service.
@@ -166,11 +167,7 @@ pub fn encode_wants<'a>(wants: impl Iterator<Item = &'a Want>) -> (Vec<u8>, Vec<
 
 /// Decodes what `encode_wants` wrote.
 pub fn decode_wants(bytes: &[u8]) -> Result<Vec<Want>, Corrupt> {
-    let body = checked_body(bytes, bytes.len().checked_sub(4).ok_or(Corrupt)?)?;
-    let mut r = Reader(body);
-    if r.take::<1>()? != [VERSION] {
-        return Err(Corrupt);
-    }
+    let mut r = open(bytes, bytes.len().checked_sub(4).ok_or(Corrupt)?)?;
     let mut out = Vec::new();
     while !r.0.is_empty() {
         let [rule] = r.take::<1>()?;
