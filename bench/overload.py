@@ -281,7 +281,7 @@ def write(adaptive, breakers, goals=None, name="overload"):
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
-              "upstream fails half, and recovers as fast.", "",
+              "upstream fails half, and recovers at least as fast as native admission_control.", "",
               "| setup | successful while failing | requests while failing | full recovery after (s) |",
               "|---|---|---|---|"]
     for r in breakers:

@@ -248,3 +248,28 @@ def test_graded_breaking_refuses_in_proportion_to_the_error_rate():
         assert quarter < half
         assert s.front.stat(metric("sluice_cb_throttled_total", breaker="backend")) > 0
         assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+
+
+def test_graded_refusals_stop_within_half_a_window_of_a_recovery():
+    """graded: once the upstream recovers, refusals stop within about half
+    the window (the newer half's error rate counts when it is lower), not
+    once the old failures have left the whole window (1.4 s of this 2 s
+    window with the whole window's rate)."""
+    cfg = {"circuit_breakers": [breaker(error_rate=1.0, min_requests=20, window="2s",
+                                        graded={"from": 0.1, "max": 0.9})]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        start, i = time.time(), 0
+        throttled_while_failing = 0
+        while time.time() - start < 2.2:  # half failing, over the whole window
+            r = c.request("/", FAIL if i % 2 == 0 else {})
+            throttled_while_failing += r.header("x-sluice-circuit") == "throttled"
+            i += 1
+        assert throttled_while_failing > 50
+        healed, last = time.time(), None
+        while time.time() - healed < 2.5:
+            if c.request("/").header("x-sluice-circuit") == "throttled":
+                last = time.time() - healed
+        c.close()
+        assert last is not None  # the old failures still counted at first
+        assert last < 1.15, f"refused {last:.2f} s after the upstream recovered"

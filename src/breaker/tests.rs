@@ -556,3 +556,52 @@ fn graded_breaking_refuses_in_proportion_to_the_error_rate() {
         .expect_err("no chance");
     assert_eq!(e.field, "circuit_breakers[0].graded.max");
 }
+
+#[test]
+fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_window() {
+    let spec = spec_from(
+        r#"{"circuit_breakers":[{"name":"b","error_rate":1.0,"min_requests":20,"window":"2s",
+            "graded":{"from":0.1,"max":0.9}}]}"#,
+    );
+    let mut rng = SplitMix(1);
+    // Half failing over the whole window (10 buckets of 200 ms).
+    let mut s = State::new();
+    for b in 0..10 {
+        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
+    }
+    let now = T0 + 9 * 200;
+    assert_eq!(s.reject_permille(&spec, now), 400);
+    // Healed: the newer half fills with successes; the whole window's
+    // rate alone (50 of 180 failing: 28%) would still refuse 17.7%.
+    for b in 10..15 {
+        s.record(&spec, T0 + b * 200, 16, 0, &mut rng);
+    }
+    let now = T0 + 14 * 200;
+    let (ok, bad) = s.totals(&spec, now);
+    assert_eq!((ok, bad), (130, 50));
+    assert_eq!(s.reject_permille(&spec, now), 0);
+    // A newer half with too few requests to judge leaves the whole window's rate.
+    let mut s = State::new();
+    for b in 0..5 {
+        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
+    }
+    s.record(&spec, T0 + 9 * 200, 5, 0, &mut rng);
+    assert_eq!(
+        s.reject_permille(&spec, T0 + 9 * 200),
+        900 * (476 - 100) / 900
+    );
+    // Onset: failures only in the newer half never raise the rate above
+    // the whole window's.
+    let mut s = State::new();
+    for b in 0..5 {
+        s.record(&spec, T0 + b * 200, 20, 0, &mut rng);
+    }
+    for b in 5..10 {
+        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
+    }
+    // Whole window: 50 of 200 = 250 permille; newer half 500.
+    assert_eq!(
+        s.reject_permille(&spec, T0 + 9 * 200),
+        900 * (250 - 100) / 900
+    );
+}
