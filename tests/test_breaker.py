@@ -252,11 +252,13 @@ def test_graded_breaking_refuses_in_proportion_to_the_error_rate():
 
 def test_graded_refusals_stop_within_half_a_window_of_a_recovery():
     """graded: once the upstream recovers, refusals stop within about half
-    the window (the newer half's error rate counts when it is lower), not
-    once the old failures have left the whole window (1.4 s of this 2 s
-    window with the whole window's rate)."""
+    the window (the newer half's error rate counts when it is clearly
+    lower), not once the old failures have left the whole window. With
+    `from: 0` any failure counted refuses now and then: here the newer
+    half (1 s) is clear of them by 1.0 s after the recovery, the whole
+    window (2 s) only by 1.8 to 2.0 s."""
     cfg = {"circuit_breakers": [breaker(error_rate=1.0, min_requests=20, window="2s",
-                                        graded={"from": 0.1, "max": 0.9})]}
+                                        graded={"from": 0, "max": 0.9})]}
     with Stack(cfg) as s:
         c = http1.Conn(s.port)
         start, i = time.time(), 0
@@ -268,8 +270,9 @@ def test_graded_refusals_stop_within_half_a_window_of_a_recovery():
         assert throttled_while_failing > 50
         healed, last = time.time(), None
         while time.time() - healed < 2.5:
+            sent = time.time() - healed  # a slow answer does not count against it
             if c.request("/").header("x-sluice-circuit") == "throttled":
-                last = time.time() - healed
+                last = sent
         c.close()
         assert last is not None  # the old failures still counted at first
-        assert last < 1.15, f"refused {last:.2f} s after the upstream recovered"
+        assert last < 1.4, f"refused {last:.2f} s after the upstream recovered"

@@ -26,6 +26,11 @@ pub use config::{BreakerKey, BreakerSpec, FailureSpec};
 /// Buckets in the rolling window.
 pub const BUCKETS: usize = 10;
 
+/// Adds a bucket's (successes, failures) to a sum.
+fn add((a, b): (u64, u64), &(x, y): &(u32, u32)) -> (u64, u64) {
+    (a + u64::from(x), b + u64::from(y))
+}
+
 /// The breaker's phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -110,45 +115,56 @@ impl State {
 
     /// (successes, failures) in the window ending at `now_ms`.
     pub fn totals(&self, spec: &BreakerSpec, now_ms: u64) -> (u64, u64) {
-        self.totals_of_newest(spec, now_ms, BUCKETS)
+        self.newest(spec, now_ms).iter().fold((0, 0), add)
     }
 
-    /// (successes, failures) in the newest `buckets` buckets of the window
-    /// ending at `now_ms`.
-    fn totals_of_newest(&self, spec: &BreakerSpec, now_ms: u64, buckets: usize) -> (u64, u64) {
+    /// The window's buckets at `now_ms`, the newest last.
+    fn newest(&self, spec: &BreakerSpec, now_ms: u64) -> [(u32, u32); BUCKETS] {
         let mut s = *self;
         s.advance(spec, now_ms);
         s.buckets
-            .iter()
-            .rev()
-            .take(buckets)
-            .fold((0, 0), |(a, b), &(x, y)| (a + x as u64, b + y as u64))
     }
 
     /// Graded breaking: the chance (permille) that a request to this closed
     /// key is refused: none up to `graded.from`, rising in proportion to
     /// the error rate up to `graded.max` at the rate that trips the breaker.
     ///
-    /// The error rate is the lower of the whole window's and its newer
-    /// half's (when that half holds `min_requests`): refusals start as the
-    /// window fills, but stop within half a window once the upstream
-    /// recovers, where the whole window's rate would refuse good requests
-    /// until the old failures left it (1.5 s of a 2 s window, against 1 s
-    /// for `admission_control`). The newer half never raises the rate.
+    /// The error rate is the whole window's, or its newer half's when that
+    /// half holds `min_requests` and its rate is lower by more than twice
+    /// its own standard error (chance alone puts it lower half the time,
+    /// and the lower of the two would refuse less than the settings say):
+    /// refusals start as the window fills, but stop within about half a
+    /// window once the upstream recovers, where the whole window's rate
+    /// kept refusing until it fell to `from` (1.5 s of a 2 s window,
+    /// against 1 s for `admission_control`).
     pub fn reject_permille(&self, spec: &BreakerSpec, now_ms: u64) -> u32 {
         let Some(g) = spec.graded.filter(|_| self.phase == Phase::Closed) else {
             return 0;
         };
+        let buckets = self.newest(spec, now_ms);
+        let (older, newer) = buckets.split_at(BUCKETS / 2);
+        let newer = newer.iter().fold((0, 0), add);
+        let whole = older.iter().fold(newer, add);
         let min_requests = u64::from(spec.min_requests).max(1);
         let rate = |(ok, bad): (u64, u64)| {
             let requests = ok + bad;
-            (requests >= min_requests).then(|| bad * 1000 / requests)
+            (requests >= min_requests).then(|| (bad * 1000 / requests, requests))
         };
-        let Some(whole) = rate(self.totals(spec, now_ms)) else {
+        let Some((whole, _)) = rate(whole) else {
             return 0;
         };
-        let newer = rate(self.totals_of_newest(spec, now_ms, BUCKETS / 2));
-        let rate = newer.map_or(whole, |n| n.min(whole));
+        let rate = match rate(newer) {
+            Some((n, requests)) => {
+                let variance = (whole * (1000 - whole.min(1000))) as f64 / requests as f64;
+                let margin = 2.0 * variance.sqrt();
+                if (n as f64) + margin < whole as f64 {
+                    n
+                } else {
+                    whole
+                }
+            }
+            None => whole,
+        };
         let from = u64::from(g.from_permille);
         if rate <= from {
             return 0;

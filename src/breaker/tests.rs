@@ -564,22 +564,32 @@ fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_
             "graded":{"from":0.1,"max":0.9}}]}"#,
     );
     let mut rng = SplitMix(1);
-    // Half failing over the whole window (10 buckets of 200 ms).
-    let mut s = State::new();
-    for b in 0..10 {
-        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
-    }
-    let now = T0 + 9 * 200;
-    assert_eq!(s.reject_permille(&spec, now), 400);
-    // Healed: the newer half fills with successes; the whole window's
-    // rate alone (50 of 180 failing: 28%) would still refuse 17.7%.
-    for b in 10..15 {
-        s.record(&spec, T0 + b * 200, 16, 0, &mut rng);
-    }
-    let now = T0 + 14 * 200;
-    let (ok, bad) = s.totals(&spec, now);
-    assert_eq!((ok, bad), (130, 50));
-    assert_eq!(s.reject_permille(&spec, now), 0);
+    // Half failing in buckets 0..=last (10 buckets of 200 ms), then healed.
+    let healed_after = |last: u64| {
+        let mut s = State::new();
+        for b in 0..=last {
+            s.record(&spec, T0 + b * 200, 10, 10, &mut SplitMix(1));
+        }
+        for b in last + 1..14 {
+            s.record(&spec, T0 + b * 200, 16, 0, &mut SplitMix(1));
+        }
+        s
+    };
+    let s = healed_after(13);
+    assert_eq!(s.reject_permille(&spec, T0 + 13 * 200), 400);
+    // Asked at bucket 14: the newer half is buckets 10 to 14 (14 is empty).
+    // Failures up to bucket 9 have left it: nothing refused, where the
+    // whole window's rate (50 of 164 failing: 30%) would still refuse 20%.
+    let s = healed_after(9);
+    assert_eq!(s.totals(&spec, T0 + 14 * 200), (114, 50));
+    assert_eq!(s.reject_permille(&spec, T0 + 14 * 200), 0);
+    // Failures up to bucket 10: the newer half's 10 of 68 (147 permille;
+    // 4 buckets would hold none, 6 would hold 20 of 88).
+    let s = healed_after(10);
+    assert_eq!(
+        s.reject_permille(&spec, T0 + 14 * 200),
+        900 * (147 - 100) / 900
+    );
     // A newer half with too few requests to judge leaves the whole window's rate.
     let mut s = State::new();
     for b in 0..5 {
@@ -589,6 +599,19 @@ fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_
     assert_eq!(
         s.reject_permille(&spec, T0 + 9 * 200),
         900 * (476 - 100) / 900
+    );
+    // A newer half lower by chance (45 of 100 against 95 of 200, within
+    // twice its standard error of 50 permille) leaves the whole window's.
+    let mut s = State::new();
+    for b in 0..5 {
+        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
+    }
+    for b in 5..10 {
+        s.record(&spec, T0 + b * 200, 11, 9, &mut rng);
+    }
+    assert_eq!(
+        s.reject_permille(&spec, T0 + 9 * 200),
+        900 * (475 - 100) / 900
     );
     // Onset: failures only in the newer half never raise the rate above
     // the whole window's.
@@ -604,4 +627,8 @@ fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_
         s.reject_permille(&spec, T0 + 9 * 200),
         900 * (250 - 100) / 900
     );
+    // Only a closed breaker refuses by chance.
+    let mut s = healed_after(13);
+    s.phase = Phase::Open;
+    assert_eq!(s.reject_permille(&spec, T0 + 13 * 200), 0);
 }
