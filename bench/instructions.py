@@ -58,6 +58,8 @@ SCENARIOS = [
     ("const", "sluice, 1 global rule, no headers", "sluice", {"rate_limits": [bench.huge_rule("global")]}),
     ("rl", "sluice RL (1 global rule, 3 headers as native)", "sluice", RL),
     ("rl_cb", "sluice RL + breaker (keyed by cluster)", "sluice", dict(RL, **BREAKER)),
+    ("rl_cb_graded", "sluice RL + breaker (keyed by cluster) with graded breaking", "sluice",
+     dict(RL, circuit_breakers=[{"name": "upstream", "error_rate": 1.0, "graded": {"from": 0.05}}])),
     ("rl_cb_hdr", "sluice RL + breaker keyed by a request header", "sluice",
      dict(RL, circuit_breakers=[{"name": "upstream", "key": {"header": bench.TENANT_HEADER[0]}}])),
     ("rl_shed", "sluice RL + shedder", "sluice", dict(RL, **SHEDDER)),

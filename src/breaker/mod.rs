@@ -136,7 +136,10 @@ impl State {
     /// refusals start as the window fills, but stop within about half a
     /// window once the upstream recovers, where the whole window's rate
     /// kept refusing until it fell to `from` (1.5 s of a 2 s window,
-    /// against 1 s for `admission_control`).
+    /// against 1 s for `admission_control`). Even a half with no failure
+    /// counts only with more than 4 × (1 − w) / w requests, `w` the whole
+    /// window's rate: a recovery from a low error rate needs more traffic
+    /// to be told from chance.
     pub fn reject_permille(&self, spec: &BreakerSpec, now_ms: u64) -> u32 {
         let Some(g) = spec.graded.filter(|_| self.phase == Phase::Closed) else {
             return 0;
