@@ -563,72 +563,43 @@ fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_
         r#"{"circuit_breakers":[{"name":"b","error_rate":1.0,"min_requests":20,"window":"2s",
             "graded":{"from":0.1,"max":0.9}}]}"#,
     );
-    let mut rng = SplitMix(1);
-    // Half failing in buckets 0..=last (10 buckets of 200 ms), then healed.
-    let healed_after = |last: u64| {
+    // Buckets of 200 ms (10 in the window), each run of them recording
+    // (successes, failures) in every bucket.
+    let filled = |runs: &[(std::ops::Range<u64>, u32, u32)]| {
         let mut s = State::new();
-        for b in 0..=last {
-            s.record(&spec, T0 + b * 200, 10, 10, &mut SplitMix(1));
-        }
-        for b in last + 1..14 {
-            s.record(&spec, T0 + b * 200, 16, 0, &mut SplitMix(1));
+        for (buckets, ok, bad) in runs {
+            for b in buckets.clone() {
+                s.record(&spec, T0 + b * 200, *ok, *bad, &mut SplitMix(1));
+            }
         }
         s
     };
-    let s = healed_after(13);
-    assert_eq!(s.reject_permille(&spec, T0 + 13 * 200), 400);
+    // Half failing in buckets 0..=last, then healed up to bucket 13.
+    let healed_after = |last: u64| filled(&[(0..last + 1, 10, 10), (last + 1..14, 16, 0)]);
+    let at = |s: &State, bucket: u64| s.reject_permille(&spec, T0 + bucket * 200);
+    assert_eq!(at(&healed_after(13), 13), 400);
     // Asked at bucket 14: the newer half is buckets 10 to 14 (14 is empty).
     // Failures up to bucket 9 have left it: nothing refused, where the
     // whole window's rate (50 of 164 failing: 30%) would still refuse 20%.
     let s = healed_after(9);
     assert_eq!(s.totals(&spec, T0 + 14 * 200), (114, 50));
-    assert_eq!(s.reject_permille(&spec, T0 + 14 * 200), 0);
+    assert_eq!(at(&s, 14), 0);
     // Failures up to bucket 10: the newer half's 10 of 68 (147 permille;
     // 4 buckets would hold none, 6 would hold 20 of 88).
-    let s = healed_after(10);
-    assert_eq!(
-        s.reject_permille(&spec, T0 + 14 * 200),
-        900 * (147 - 100) / 900
-    );
+    assert_eq!(at(&healed_after(10), 14), 900 * (147 - 100) / 900);
     // A newer half with too few requests to judge leaves the whole window's rate.
-    let mut s = State::new();
-    for b in 0..5 {
-        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
-    }
-    s.record(&spec, T0 + 9 * 200, 5, 0, &mut rng);
-    assert_eq!(
-        s.reject_permille(&spec, T0 + 9 * 200),
-        900 * (476 - 100) / 900
-    );
+    let s = filled(&[(0..5, 10, 10), (9..10, 5, 0)]);
+    assert_eq!(at(&s, 9), 900 * (476 - 100) / 900);
     // A newer half lower by chance (45 of 100 against 95 of 200, within
     // twice its standard error of 50 permille) leaves the whole window's.
-    let mut s = State::new();
-    for b in 0..5 {
-        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
-    }
-    for b in 5..10 {
-        s.record(&spec, T0 + b * 200, 11, 9, &mut rng);
-    }
-    assert_eq!(
-        s.reject_permille(&spec, T0 + 9 * 200),
-        900 * (475 - 100) / 900
-    );
+    let s = filled(&[(0..5, 10, 10), (5..10, 11, 9)]);
+    assert_eq!(at(&s, 9), 900 * (475 - 100) / 900);
     // Onset: failures only in the newer half never raise the rate above
-    // the whole window's.
-    let mut s = State::new();
-    for b in 0..5 {
-        s.record(&spec, T0 + b * 200, 20, 0, &mut rng);
-    }
-    for b in 5..10 {
-        s.record(&spec, T0 + b * 200, 10, 10, &mut rng);
-    }
-    // Whole window: 50 of 200 = 250 permille; newer half 500.
-    assert_eq!(
-        s.reject_permille(&spec, T0 + 9 * 200),
-        900 * (250 - 100) / 900
-    );
+    // the whole window's (50 of 200 = 250 permille; the newer half's 500).
+    let s = filled(&[(0..5, 20, 0), (5..10, 10, 10)]);
+    assert_eq!(at(&s, 9), 900 * (250 - 100) / 900);
     // Only a closed breaker refuses by chance.
     let mut s = healed_after(13);
     s.phase = Phase::Open;
-    assert_eq!(s.reject_permille(&spec, T0 + 13 * 200), 0);
+    assert_eq!(at(&s, 13), 0);
 }
