@@ -28,6 +28,7 @@ import contextlib
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,11 @@ SCENARIOS = [
     ("refused", "sluice, every request refused (1 rule, 3 headers as native)", "sluice", REFUSING, 429),
     ("native_refused", "native local_ratelimit, every request refused (empty bucket)", "native_refused",
      None, 429),
+    # One request held open at the upstream fills the only slot: every
+    # measured request is shed (503), as in the overload bench's refusals.
+    ("shed_refused", "sluice shedder (max 1, no queue, priority header), every request shed", "sluice_hold",
+     {"shedders": [{"name": "up", "priority": {"header": "x-priority"}, "concurrency": {"max": 1, "queue": 0}}]},
+     503),
 ]
 SCENARIOS = [s if len(s) == 5 else s + (200,) for s in SCENARIOS]
 REFUSAL_SCENARIOS = {s[0] for s in SCENARIOS if s[4] != 200}
@@ -112,12 +118,17 @@ RLS_LIMITS = {"domain": "bench", "descriptors": [
     {"key": bench.TENANT_HEADER[0], "rate_limit": {"unit": "hour", "requests_per_unit": bench.HUGE}}]}
 
 
-def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=False, status=200, rls_port=None):
+def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=False, status=200, rls_port=None,
+          hold=False):
     """Instructions the front Envoy executed while answering `requests`,
     each of which must get `status` (warm-up requests: 200 or `status`).
-    `rls_port`: the rate-limit service the `rls` cluster leads to."""
+    `rls_port`: the rate-limit service the `rls` cluster leads to. `hold`:
+    one request, sent first on a connection of its own, is delayed an hour
+    by the upstream's fault filter (it holds a slot the whole run)."""
     port = free_port()
-    boot = front_bootstrap(port, free_port(), upstream_port, filters)
+    # A held request outlives the default route's 5 s timeout: none here.
+    routes = [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "0s"}}]
+    boot = front_bootstrap(port, free_port(), upstream_port, filters, routes=routes if hold else None)
     if rls_port:
         boot["static_resources"]["clusters"].append(rls_cluster("rls", rls_port))
     out = Path(tempfile.mkdtemp(dir=tmp)) / "callgrind.out"
@@ -128,6 +139,11 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
                wrapper=valgrind, ready_s=300, stop_s=120) as front:
         conn = http1.Conn(port, timeout=60)
         headers = dict([bench.TENANT_HEADER])
+        held = None
+        if hold:
+            held = socket.create_connection(("127.0.0.1", port), timeout=60)
+            held.sendall(b"GET /held HTTP/1.1\r\nhost: bench\r\nx-envoy-fault-delay-request: 3600000\r\n\r\n")
+            time.sleep(5)  # under valgrind, the held request takes its slot slowly
         # A global rule's key has no tokens until its first batch comes
         # (under valgrind, seconds).
         # and its rate is learned: warm up to 500 admitted in a row first.
@@ -146,6 +162,8 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
         ctl[1] = "--instr=off"
         subprocess.run(ctl, check=True, capture_output=True, timeout=60)
         conn.close()
+        if held:
+            held.close()
         if statuses.count(status) != requests:
             raise RuntimeError(f"only {statuses.count(status)} of {requests} measured requests were answered "
                                f"{status}")
@@ -217,7 +235,7 @@ def main():
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
                               expect_jit=sluice, status=status,
-                              rls_port=rls.port if kind == "sluice_global" else None)
+                              rls_port=rls.port if kind == "sluice_global" else None, hold=kind == "sluice_hold")
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)
                     print(f"  {sid:<8} {vname:<10} {r['instructions_per_request']:>9.0f} instructions/request "
