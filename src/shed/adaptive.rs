@@ -120,9 +120,6 @@ const BODY: usize = 1 + 21 * 8;
 /// Responses averaged for a measured floor (as Envoy's
 /// `adaptive_concurrency` takes 50 by default, at its minimum concurrency).
 pub const CAL_SAMPLES: u64 = 50;
-/// Responses that may end a measurement that finds nothing early
-/// ([`Auto::finds_nothing`]).
-const EARLY_SAMPLES: u64 = 10;
 /// Shrinks held back (by less than 15%), counted up and down by each
 /// growth, before the floor is measured.
 pub(crate) const STUCK_RUN: u64 = 6;
@@ -445,9 +442,10 @@ impl Auto {
         } else {
             Self::samples_to_measure(self.measure_limit)
         };
-        let low = self.lowest_us();
-        let so_far = self.cal_sum_us.checked_div(self.cal_count);
-        let avg = so_far.filter(|_| self.cal_count >= enough || self.finds_nothing(spec, low));
+        let avg = self
+            .cal_sum_us
+            .checked_div(self.cal_count)
+            .filter(|_| self.cal_count >= enough);
         if avg.is_none() && !timed_out {
             return;
         }
@@ -464,6 +462,7 @@ impl Auto {
         // response is below the average by more than the tolerance (the
         // upstream's own time varies: the reason to measure), where all
         // of them would wait in a queue.
+        let low = self.lowest_us();
         let (fastest, before) = (self.cal_min_us, self.before_measure_avg_us);
         let learned = avg.filter(|&a| {
             !low.is_some_and(|l| within_tolerance(spec, l, a))
@@ -485,34 +484,6 @@ impl Auto {
         self.cal_sum_us = 0;
         self.cal_count = 0;
         self.cal_min_us = NONE;
-    }
-
-    /// Whether the responses measured so far (at least [`EARLY_SAMPLES`],
-    /// or 2 per held request if more) already say what the measurement's
-    /// end would: they average within three quarters of the tolerance of
-    /// the lowest latency (a margin for the responses still to come), so
-    /// nothing is learned. A steady upstream's hold then ends at the first
-    /// interval end with 10 responses instead of 50: held at its capacity,
-    /// it idles a slot through each hand-over (4 slots of 20 ms, held at 4
-    /// for 0.4 to 0.5 s, served 12% less then in `bench/overload.py`; the
-    /// first interval of held responses averaged 1.10 to 1.20 times the
-    /// lowest latency). An upstream whose own time varies by more than the
-    /// tolerance (the reason to measure) seldom averages that low over 10
-    /// responses; if it does, the floor stays the lowest latency until the
-    /// next measurement, a window later.
-    fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>) -> bool {
-        let needed = self.measure_limit.saturating_mul(2).max(EARLY_SAMPLES);
-        match (low, self.cal_sum_us.checked_div(self.cal_count)) {
-            (Some(low), Some(avg)) => {
-                // Three quarters of the tolerance.
-                let early = AdaptiveSpec {
-                    tolerance_pct: 100 + spec.tolerance_pct.saturating_sub(100) * 3 / 4,
-                    ..*spec
-                };
-                self.cal_count >= needed && within_tolerance(&early, low, avg)
-            }
-            _ => false,
-        }
     }
 
     /// A measured floor holds for `floor_window`; then it is dropped (the
@@ -849,10 +820,8 @@ mod tests {
             let lowest = limits[10..].iter().copied().min();
             assert!(lowest >= Some(capacity), "{capacity}: {limits:?}");
             if capacity == 2 {
-                // Held at the spare over 2 slots: measured, at 2 (from the
-                // 8th interval; a steady upstream's measurement ends after
-                // one interval of responses).
-                assert_eq!(limits[1..].iter().min(), Some(&2), "{limits:?}");
+                // Held at the spare over 2 slots: measured, at 2.
+                assert_eq!(lowest, Some(2), "{limits:?}");
                 assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED, "{limits:?}");
             }
         }

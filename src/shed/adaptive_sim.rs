@@ -262,52 +262,6 @@ mod tests {
         }
     }
 
-    /// Forces a measurement of the floor (a shrink held back one short of
-    /// the run that starts one) and returns how long the limit was held.
-    fn hold_ms(d: &mut Des) -> u64 {
-        let mut waited = 0;
-        while d.auto.measure_limit == 0 && waited < 60_000 {
-            d.auto.stuck_run = d.auto.stuck_run.max(STUCK_RUN - 1);
-            d.run(1);
-            waited += 1;
-        }
-        assert!(d.auto.measure_limit > 0, "no measurement in 60 s");
-        let mut held = 0;
-        while d.auto.measure_limit > 0 && held < 60_000 {
-            d.run(1);
-            held += 1;
-        }
-        held
-    }
-
-    #[test]
-    fn a_measurement_that_finds_nothing_ends_after_one_interval_of_responses() {
-        // 4 slots of a steady 20.8 ms, held at 4: every response comes at
-        // the lowest latency, and the hold ends at the first interval end
-        // with 10 of them (in bench/overload.py it lasted 0.4 to 0.5 s for
-        // 50 responses, at 12% less goodput). Before: 400 ms here.
-        let spec = AdaptiveSpec {
-            min: 1,
-            max: 64,
-            initial: 4,
-            ..spec()
-        };
-        let mut d = Des::new(spec, 4, Dist::Uniform(20_800, 0), &[1, 1], 1);
-        d.run(5_000);
-        let held = hold_ms(&mut d);
-        assert!(held <= 200, "held {held} ms");
-        assert_eq!(d.auto.floor_cal_us, 0, "nothing learned");
-        // 8 slots of 10 to 50 ms: the reason to measure. Its first
-        // responses average far over the lowest latency: the hold goes on
-        // to 50 of them and learns the floor.
-        let mut d = Des::new(spec, 8, Dist::Uniform(30_000, 20_000), &[1, 1], 1);
-        d.run(10_000);
-        let held = hold_ms(&mut d);
-        let floor = d.auto.floor_us().unwrap_or(0);
-        assert!(held > 200, "held {held} ms");
-        assert!((25_000..=35_000).contains(&floor), "floor {floor} µs");
-    }
-
     #[test]
     fn a_capacity_that_falls_during_a_measurement_is_not_taken_for_the_floor() {
         // 8 slots of a steady 20 ms fall to 2 while the limit is held to
