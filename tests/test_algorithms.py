@@ -98,7 +98,9 @@ SPACING_S = 1 / RATE
 # 4 workers and 500 clients on this machine's 2 cores, makes a release late
 # by a few milliseconds, sometimes more under load, and a late one arrives
 # closer to the next: measured here, closest pair 4.5-6.8 ms apart, 20
-# consecutive arrivals at least 186.9 ms apart (ideal 190). A release is
+# consecutive arrivals at least 186.9 ms apart (ideal 190) in 95% of the
+# spans (the shortest 1-2% fell to 150-178 ms on a busy day, each after a
+# late release, so the 5th percentile is checked). A release is
 # never early, so the k-th arrival is never before the burst's start plus
 # k turns: that is checked exactly (within 1 ms for reading the clocks).
 # Two requests sent in one turn would break it, or arrive ~0 ms apart.
@@ -132,12 +134,19 @@ def test_shaping_spaces_a_burst_of_500_to_the_rate_at_the_upstream():
         close = [g for g in gaps if g < SPACING_S - TOLERANCE_S]
         assert len(close) <= n // 50, (len(close), gaps[:10])
         spans = sorted(arrivals[i + 19] - arrivals[i] for i in range(n - 19))
-        assert spans[len(spans) // 100] >= 19 * SPACING_S - TOLERANCE_S, spans[:5]
+        assert spans[len(spans) // 20] >= 19 * SPACING_S - TOLERANCE_S, spans[:25]
         # And not slower than needed: about the rate on the whole.
         median = gaps[len(gaps) // 2]
         assert abs(median - SPACING_S) < 0.002, median
         assert took < n * SPACING_S + 2, took
-        assert s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="delayed")) == n - 1
+        # The first is allowed at once, and so is any request that reaches
+        # the filter only after its turn has come (on a loaded 2-core CI
+        # runner the 500 sending threads wake over more than one 10 ms
+        # turn: 2 allowed, 498 delayed was seen there); every other waits.
+        delayed = s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="delayed"))
+        allowed = s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="allowed"))
+        assert allowed + delayed == n, (allowed, delayed)
+        assert 1 <= allowed <= n // 50, (allowed, delayed)
         assert s.front.stat(metric("sluice_rl_held", rule="pace")) == 0
         prom = s.front.admin("/stats/prometheus")
         assert 'sluice_rl_delay_ms_bucket{domain="default",rule="pace"' in prom
