@@ -238,6 +238,19 @@ def run_breakers(clients=16):
     return out
 
 
+def paired_goodput(rounds):
+    """How far apart the two filters' goodput is, round by round, against
+    the noise: the mean difference and its standard error (so a reader sees
+    whether the medians' order is one this run can tell from chance)."""
+    diffs = [b["goodput_rps"] - a["goodput_rps"] for a, b in rounds]
+    mean = statistics.mean(diffs)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    ahead = sum(d > 0 for d in diffs)
+    return (f"Goodput round by round, sluice minus native: mean {mean:+.1f}/s, standard error {se:.1f}/s; "
+            f"sluice ahead in {ahead} of {len(diffs)} rounds. A mean within about two standard errors of 0 "
+            "is a difference this run cannot tell from the machine's noise.")
+
+
 def write(adaptive, breakers, goals=None, name="overload"):
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"adaptive": adaptive, "goals": goals, "breakers": breakers},
@@ -279,6 +292,7 @@ def write(adaptive, breakers, goals=None, name="overload"):
                          f"| {b['worst_p99_ms']:.0f} | {sh} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
+        lines += ["", paired_goodput(goal["rounds"])]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
               "upstream fails half, and recovers at least as fast as native admission_control.", "",
