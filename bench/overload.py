@@ -238,17 +238,26 @@ def run_breakers(clients=16):
     return out
 
 
+# Two-sided 95% points of Student's t, by degrees of freedom (rounds - 1).
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
 def paired_goodput(rounds):
     """How far apart the two filters' goodput is, round by round, against
-    the noise: the mean difference and its standard error (so a reader sees
-    whether the medians' order is one this run can tell from chance)."""
+    the noise: the mean difference, its standard error and t, so that a
+    reader sees whether the medians' order is one this run can tell from
+    chance."""
     diffs = [b["goodput_rps"] - a["goodput_rps"] for a, b in rounds]
-    mean = statistics.mean(diffs)
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-    ahead = sum(d > 0 for d in diffs)
-    return (f"Goodput round by round, sluice minus native: mean {mean:+.1f}/s, standard error {se:.1f}/s; "
-            f"sluice ahead in {ahead} of {len(diffs)} rounds. A mean within about two standard errors of 0 "
-            "is a difference this run cannot tell from the machine's noise.")
+    mean, ahead = statistics.mean(diffs), sum(d > 0 for d in diffs)
+    text = (f"Goodput round by round, sluice minus native: mean {mean:+.1f}/s; "
+            f"sluice ahead in {ahead} of {len(diffs)} rounds")
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+    if se == 0:
+        return text + "."
+    t, bound = mean / se, T95.get(len(diffs) - 1, 2.0)
+    verdict = ("a difference this run can tell from the machine's noise" if abs(t) >= bound
+               else "within this run's noise")
+    return text + f"; standard error {se:.1f}/s, t = {t:+.1f} (95% bound {bound}): {verdict}."
 
 
 def write(adaptive, breakers, goals=None, name="overload"):

@@ -5,6 +5,7 @@ Envoy's local replies and the test upstream always send)."""
 
 import socket
 import threading
+import time
 
 
 class Response:
@@ -74,7 +75,7 @@ def get(port, path="/", headers=None, method="GET"):
         c.close()
 
 
-def burst(port, batches):
+def burst(port, batches, sent_at=None):
     """Sends each batch (a list of raw requests) on its own keep-alive
     connection, one request after another (Envoy does not answer pipelined
     requests after a local reply). Every connection is opened first; then
@@ -82,7 +83,8 @@ def burst(port, batches):
     within a few milliseconds, where threads released together by a
     barrier took more than a 10 ms turn on a loaded 2-core CI runner), and
     a thread per connection reads its responses and sends the rest of its
-    batch. Returns the responses in batch order."""
+    batch. Returns the responses in batch order; `sent_at`, a list, gets
+    the time.monotonic() at which the first request left."""
     conns = [Conn(port) for _ in batches]
     results = [None] * len(batches)
     errors = []
@@ -100,6 +102,8 @@ def burst(port, batches):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
     for t in threads:
         t.start()
+    if sent_at is not None:
+        sent_at.append(time.monotonic())
     try:
         for c, batch in zip(conns, batches):
             if batch:
