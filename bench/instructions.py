@@ -131,8 +131,7 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
     # the other scenarios (turning it off saves some 4,000 instructions a
     # request): a run takes seconds, and `check_still_held` fails one
     # whose held request was answered.
-    routes = [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "0s"}}]
-    boot = front_bootstrap(port, free_port(), upstream_port, filters, routes=routes if hold else None)
+    boot = front_bootstrap(port, free_port(), upstream_port, filters, route_timeout="0s" if hold else "5s")
     if rls_port:
         boot["static_resources"]["clusters"].append(rls_cluster("rls", rls_port))
     out = Path(tempfile.mkdtemp(dir=tmp)) / "callgrind.out"
@@ -146,7 +145,7 @@ def count(filters, upstream_port, warmup, requests, tmp, keep=None, expect_jit=F
         held = None
         if hold:
             held = socket.create_connection(("127.0.0.1", port), timeout=60)
-            held.sendall(b"GET /held HTTP/1.1\r\nhost: bench\r\nx-envoy-fault-delay-request: 3600000\r\n\r\n")
+            held.sendall(http1.build("/held", {"x-envoy-fault-delay-request": "3600000"}))
             time.sleep(5)  # under valgrind, the held request takes its slot slowly
         # A global rule's key has no tokens until its first batch comes
         # (under valgrind, seconds).

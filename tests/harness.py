@@ -192,9 +192,12 @@ def cluster(name, port):
     }
 
 
-def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=(), hcm_extra=None):
-    """`hcm_extra`: more HttpConnectionManager fields (an access log, say)."""
-    routes = routes or [{"name": "default", "match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": "5s"}}]
+def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=(), hcm_extra=None,
+                    route_timeout="5s"):
+    """`hcm_extra`: more HttpConnectionManager fields (an access log, say).
+    `route_timeout`: the default route's ("0s": none)."""
+    routes = routes or [{"name": "default", "match": {"prefix": "/"},
+                         "route": {"cluster": "upstream", "timeout": route_timeout}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "stats_config": {"stats_tags": STATS_TAGS},
