@@ -47,6 +47,8 @@ pub struct Des {
     queued_us: u128,
     time_us: u128,
     pub max_limit: u64,
+    /// Responses so far.
+    pub served: u64,
 }
 
 impl Des {
@@ -72,6 +74,7 @@ impl Des {
             queued_us: 0,
             time_us: 0,
             max_limit: 0,
+            served: 0,
         }
     }
 
@@ -138,6 +141,7 @@ impl Des {
             self.done.pop();
             self.now_us = t;
             self.busy -= 1;
+            self.served += 1;
             let s = &mut self.samples[w];
             s.peak_inflight = s.peak_inflight.max(self.inflight + 1);
             self.inflight -= 1;
@@ -149,9 +153,18 @@ impl Des {
                 s.add_measured(t - admitted);
             }
             s.add(t - admitted);
-            if let Some((a, w2)) = self.queue.pop_front() {
-                self.start(a, w2);
-            }
+            self.fill();
+        }
+        self.fill();
+    }
+
+    /// Starts queued requests while slots are free.
+    fn fill(&mut self) {
+        while self.busy < self.cap {
+            let Some((a, w)) = self.queue.pop_front() else {
+                break;
+            };
+            self.start(a, w);
         }
     }
 
@@ -344,6 +357,38 @@ mod tests {
             assert!(d.max_limit <= 4 * 4 + 8, "{what}");
             assert!(d.queued() < 4.0, "{what}");
             assert!(d.used() > 0.6, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_capacity_that_changes_under_load_is_used_and_never_exceeded() {
+        // The bench's upstream (bench/overload.py): 4 slots, then 8, then
+        // 2, 5 s each, from a fresh entry at `initial: 4`. Each phase after
+        // its first half second is served near its capacity and never over
+        // it: before session 22 the simulation started a queued request on
+        // every response whatever the capacity, so a drop from 8 slots to
+        // 2 served the queue of the 8 for as long as it stood (727
+        // responses in 4.5 s, against 435 at most).
+        let spec = AdaptiveSpec {
+            min: 1,
+            max: 64,
+            initial: 4,
+            ..spec()
+        };
+        for seed in 1..=10 {
+            let mut d = Des::new(spec, 4, Dist::Uniform(23_000, 3_000), &[1, 1], seed);
+            for cap in [4u64, 8, 2] {
+                d.set_capacity(cap);
+                d.run(500);
+                let before = d.served;
+                d.run(4_500);
+                let served = d.served - before;
+                // 4.5 s of `cap` slots at 23 ms on average.
+                let most = cap as f64 * 4_500.0 / 23.0;
+                let what = format!("seed {seed}, {cap} slots: {served} served, at most {most:.0}");
+                assert!(served as f64 <= most * 1.02, "{what}");
+                assert!(served as f64 >= most * 0.9, "{what}");
+            }
         }
     }
 }
