@@ -19,6 +19,7 @@ These are measurements, printed with the goals next to them, not timed tests.
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -140,6 +141,16 @@ def limit_reader(front, label):
     return None
 
 
+def cpu_s(pid):
+    """CPU seconds (user and system, every thread) a process has used so
+    far, from Linux's /proc; None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def settle_time(series, change_at, end_at):
     """Seconds from a change until the limit stays within 25% of where it
     ends the phase (the median of the phase's last second)."""
@@ -166,6 +177,7 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
                 series, changes = [], []
                 with Clients(port, clients, pause) as cl:
                     start = time.time()
+                    cpu_at_start = cpu_s(front.proc.pid)
                     for cap in (4, 8, 2):
                         up.set_capacity(cap)
                         changes.append(time.time())
@@ -175,10 +187,21 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
                                 series.append((time.time(), read()))
                             time.sleep(0.2)
                     stop = time.time()
+                    # The front Envoy's CPU while the clients ran (not its
+                    # start-up, which compiles the wasm): on this 2-core
+                    # machine, refused requests compete with the upstream
+                    # and the clients for the CPU.
+                    cpu_at_stop = cpu_s(front.proc.pid)
+                cpu = None if None in (cpu_at_start, cpu_at_stop) else cpu_at_stop - cpu_at_start
                 got = [r for r in cl.results if r[0] >= start + 0.5]
+                answered = [r for r in cl.results if start <= r[0] < stop]
         ok = [r for r in got if r[2] == 200]
         row = {"setup": label, "goodput_rps": len(ok) / (stop - start - 0.5),
-               "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5)}
+               "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5),
+               "envoy_cpu_s": cpu,
+               # Per request answered (refused or not) in that time.
+               "envoy_cpu_us_per_request": (None if cpu is None or not answered
+                                            else cpu / len(answered) * 1e6)}
         for cls in CLASSES:
             lat = [r[1] for r in ok if CLASSES[r[3] % 3] == cls]
             row[f"{cls}_p50_ms"], row[f"{cls}_p99_ms"] = pct(lat, 0.5), pct(lat, 0.99)
@@ -195,8 +218,9 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
                                       for e in ends] if read else None
         out.append(row)
         p99 = max((row[f"{c}_p99_ms"] or 0) for c in CLASSES)
+        cpu_text = "" if cpu is None else f", Envoy CPU {cpu:.1f} s"
         print(f"  {label:<30} goodput {row['goodput_rps']:.0f}/s, worst class p99 {p99:.0f} ms, "
-              f"settle {row['settle_s']}, limits {row['limits_at_phase_end']}", flush=True)
+              f"settle {row['settle_s']}, limits {row['limits_at_phase_end']}{cpu_text}", flush=True)
     return out
 
 
@@ -260,6 +284,11 @@ def paired_goodput(rounds):
     return text + f"; standard error {se:.1f}/s, t = {t:+.1f} (95% bound {bound}): {verdict}."
 
 
+def cpu_cell(r):
+    cpu, per = r.get("envoy_cpu_s"), r.get("envoy_cpu_us_per_request")
+    return "-" if cpu is None or per is None else f"{cpu:.1f} ({per:.0f})"
+
+
 def write(adaptive, breakers, goals=None, name="overload"):
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"adaptive": adaptive, "goals": goals, "breakers": breakers},
@@ -271,8 +300,8 @@ def write(adaptive, breakers, goals=None, name="overload"):
              "and no class below its share.", "",
              "| setup | goodput/s | refused/s | critical p50/p99 ms | default p50/p99 ms | sheddable p50/p99 ms "
              "| goodput per class/s | admitted p99 per phase ms | settle after each change (s) "
-             "| limit at each phase end |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| limit at each phase end | Envoy CPU s (µs per request) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for r in adaptive:
         per = " / ".join(f(r[f"{c}_goodput_rps"]) for c in CLASSES)
@@ -280,7 +309,8 @@ def write(adaptive, breakers, goals=None, name="overload"):
         limits = "-" if r["limits_at_phase_end"] is None else ", ".join(f(v) for v in r["limits_at_phase_end"])
         lines.append(f"| {r['setup']} | {f(r['goodput_rps'])} | {f(r['refused_rps'])} | "
                      + " | ".join(f"{f(r[c + '_p50_ms'])} / {f(r[c + '_p99_ms'])}" for c in CLASSES)
-                     + f" | {per} | {', '.join(f(v) for v in r['phase_p99_ms'])} | {settle} | {limits} |")
+                     + f" | {per} | {', '.join(f(v) for v in r['phase_p99_ms'])} | {settle} | {limits} "
+                     + f"| {cpu_cell(r)} |")
     for goal in goals or []:
         if goal["pause_ms"]:
             title = (f"### Context: the same with clients that wait {goal['pause_ms']:.0f} ms after a refusal, "
@@ -293,15 +323,18 @@ def write(adaptive, breakers, goals=None, name="overload"):
                   f"Native and sluice alternating. {first} Medians; a class "
                   f"counts as at its share within {SHARE_SLACK} points of the goodput.", "",
                   "| round | native goodput/s | native worst p99 ms | sluice goodput/s | sluice worst p99 ms "
-                  "| sluice shares critical / default / sheddable % |",
-                  "|---|---|---|---|---|---|"]
+                  "| sluice shares critical / default / sheddable % | Envoy CPU s, native / sluice "
+                  "(µs per request) |",
+                  "|---|---|---|---|---|---|---|"]
         for i, (a, b) in enumerate(goal["rounds"], 1):
             sh = " / ".join(f"{b['share_pct'][c]:.0f}" for c in CLASSES)
             lines.append(f"| {i} | {a['goodput_rps']:.1f} | {a['worst_p99_ms']:.0f} | {b['goodput_rps']:.1f} "
-                         f"| {b['worst_p99_ms']:.0f} | {sh} |")
+                         f"| {b['worst_p99_ms']:.0f} | {sh} | {cpu_cell(a)} / {cpu_cell(b)} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
         lines += ["", paired_goodput(goal["rounds"])]
+        if cpu_line(goal["rounds"]):
+            lines += ["", cpu_line(goal["rounds"])]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
               "upstream fails half, and recovers at least as fast as native admission_control.", "",
@@ -319,7 +352,20 @@ def judge(row):
     total = row["goodput_rps"] or 1
     return {"goodput_rps": row["goodput_rps"],
             "worst_p99_ms": max((row[f"{c}_p99_ms"] or 0) for c in CLASSES),
-            "share_pct": {c: 100 * row[f"{c}_goodput_rps"] / total for c in CLASSES}}
+            "share_pct": {c: 100 * row[f"{c}_goodput_rps"] / total for c in CLASSES},
+            "envoy_cpu_s": row.get("envoy_cpu_s"),
+            "envoy_cpu_us_per_request": row.get("envoy_cpu_us_per_request")}
+
+
+def cpu_line(rounds):
+    """The front Envoy's CPU per request answered, medians over the rounds:
+    context for goodput, not a goal."""
+    per = [(a.get("envoy_cpu_us_per_request"), b.get("envoy_cpu_us_per_request")) for a, b in rounds]
+    if any(x is None for pair in per for x in pair):
+        return None
+    n, o = (statistics.median(xs) for xs in zip(*per))
+    return (f"The front Envoy's CPU per request answered (refused or served), medians: sluice {o:.0f} µs, "
+            f"native {n:.0f} µs ({o / n:.2f}x).")
 
 
 def run_goal(first=None, pause=0.0):
@@ -362,10 +408,16 @@ def main():
     goal = run_goal(adaptive)
     for g in goal["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
+    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"])):
+        if line:
+            print(f"  {line}", flush=True)
     print(f"Context: the same rounds with clients that wait {BACKOFF_S * 1000:.0f} ms after a refusal:", flush=True)
     backoff = run_goal(pause=BACKOFF_S)
     for g in backoff["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
+    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"])):
+        if line:
+            print(f"  {line}", flush=True)
     print("Error-rate control, side by side:", flush=True)
     breakers = run_breakers()
     write(adaptive, breakers, [goal, backoff])
