@@ -358,7 +358,7 @@ impl Shedders {
                 .concurrency
                 .as_ref()
                 .and_then(|c| c.adaptive)
-                .map(|_| format!("sh{id:08x}/auto4"));
+                .map(|_| format!("sh{id:08x}/auto5"));
             let earlier = rules
                 .iter()
                 .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
