@@ -199,7 +199,8 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
         row = {"setup": label, "goodput_rps": len(ok) / (stop - start - 0.5),
                "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5),
                "envoy_cpu_s": cpu,
-               # Per request answered (refused or not) in that time.
+               # Per request sent in that time and answered (refused or
+               # served).
                "envoy_cpu_us_per_request": (None if cpu is None or not answered
                                             else cpu / len(answered) * 1e6)}
         for cls in CLASSES:
@@ -333,8 +334,9 @@ def write(adaptive, breakers, goals=None, name="overload"):
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
         lines += ["", paired_goodput(goal["rounds"])]
-        if cpu_line(goal["rounds"]):
-            lines += ["", cpu_line(goal["rounds"])]
+        cpu = cpu_line(goal["rounds"])
+        if cpu:
+            lines += ["", cpu]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
               "upstream fails half, and recovers at least as fast as native admission_control.", "",
@@ -358,13 +360,13 @@ def judge(row):
 
 
 def cpu_line(rounds):
-    """The front Envoy's CPU per request answered, medians over the rounds:
+    """The front Envoy's CPU per request sent (and answered), medians over the rounds:
     context for goodput, not a goal."""
     per = [(a.get("envoy_cpu_us_per_request"), b.get("envoy_cpu_us_per_request")) for a, b in rounds]
     if any(x is None for pair in per for x in pair):
         return None
     n, o = (statistics.median(xs) for xs in zip(*per))
-    return (f"The front Envoy's CPU per request answered (refused or served), medians: sluice {o:.0f} µs, "
+    return (f"The front Envoy's CPU per request sent (refused or served), medians: sluice {o:.0f} µs, "
             f"native {n:.0f} µs ({o / n:.2f}x).")
 
 

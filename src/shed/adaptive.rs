@@ -499,11 +499,12 @@ impl Auto {
     /// less for 0.4 to 0.6 s in `bench/overload.py`, and half as much when
     /// the capacity rose to 8 during the hold). Two conditions:
     /// - at least [`EARLY_SAMPLES`] responses (2 per held request if
-    ///   more) average within three quarters of the tolerance of the
-    ///   lowest latency (a margin for the responses still to come);
-    /// - the interval before the hold averaged what such an upstream
-    ///   averages with the limit in flight then: within the tolerance ×
-    ///   (limit before ÷ held limit) of the lowest latency (a queue of the
+    ///   more) average within 1 + ¾ × (tolerance − 1) times the lowest
+    ///   latency (a margin for the responses still to come);
+    /// - the interval before the hold (of at least [`EARLY_SAMPLES`]
+    ///   responses) averaged what such an upstream averages with the
+    ///   limit in flight then: within the tolerance × (limit before ÷ held
+    ///   limit) times the lowest latency (a queue of the
     ///   difference). An upstream whose own time varies widely (the reason
     ///   to measure) averages several times its lowest latency before the
     ///   hold: 8 slots, 80% of responses in 5 ms and 20% in 200 ms, 8.8
@@ -522,12 +523,15 @@ impl Auto {
             tolerance_pct: 100 + spec.tolerance_pct.saturating_sub(100) * 3 / 4,
             ..*spec
         };
-        // tolerance × before ÷ held, in hundredths.
-        let held = self.measure_limit.max(1);
-        let before = (self.before_measure_milli / 1000).max(held);
+        // tolerance × before ÷ held, in hundredths (the limit before in
+        // thousandths, as learned, not rounded).
+        let held_milli = u128::from(self.measure_limit.max(1)) * 1000;
+        let before_milli = u128::from(self.before_measure_milli).max(held_milli);
         let steady = AdaptiveSpec {
-            tolerance_pct: u32::try_from(u64::from(spec.tolerance_pct) * before / held)
-                .unwrap_or(u32::MAX),
+            tolerance_pct: u32::try_from(
+                u128::from(spec.tolerance_pct) * before_milli / held_milli,
+            )
+            .unwrap_or(u32::MAX),
             ..*spec
         };
         within_tolerance(&early, low, avg)
