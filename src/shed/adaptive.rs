@@ -446,8 +446,10 @@ impl Auto {
             Self::samples_to_measure(self.measure_limit)
         };
         let low = self.lowest_us();
-        let so_far = self.cal_sum_us.checked_div(self.cal_count);
-        let avg = so_far.filter(|_| self.cal_count >= enough || self.finds_nothing(spec, low));
+        let avg = self
+            .cal_sum_us
+            .checked_div(self.cal_count)
+            .filter(|&a| self.cal_count >= enough || self.finds_nothing(spec, low, a));
         if avg.is_none() && !timed_out {
             return;
         }
@@ -511,31 +513,22 @@ impl Auto {
     ///   times, against 1.56 allowed. Without this condition (session 20)
     ///   such an upstream's first responses back, the fast ones, ended its
     ///   measurements early and left it less used.
-    fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>) -> bool {
+    fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>, avg: u64) -> bool {
         let needed = self.measure_limit.saturating_mul(2).max(EARLY_SAMPLES);
-        let (Some(low), Some(avg)) = (low, self.cal_sum_us.checked_div(self.cal_count)) else {
+        let Some(low) = low else {
             return false;
         };
         if self.cal_count < needed || self.before_measure_count < EARLY_SAMPLES {
             return false;
         }
-        let early = AdaptiveSpec {
-            tolerance_pct: 100 + spec.tolerance_pct.saturating_sub(100) * 3 / 4,
-            ..*spec
-        };
+        let tol = u128::from(spec.tolerance_pct);
+        let early = 100 + tol.saturating_sub(100) * 3 / 4;
         // tolerance × before ÷ held, in hundredths (the limit before in
         // thousandths, as learned, not rounded).
         let held_milli = u128::from(self.measure_limit.max(1)) * 1000;
         let before_milli = u128::from(self.before_measure_milli).max(held_milli);
-        let steady = AdaptiveSpec {
-            tolerance_pct: u32::try_from(
-                u128::from(spec.tolerance_pct) * before_milli / held_milli,
-            )
-            .unwrap_or(u32::MAX),
-            ..*spec
-        };
-        within_tolerance(&early, low, avg)
-            && within_tolerance(&steady, low, self.before_measure_avg_us)
+        let steady = tol * before_milli / held_milli;
+        within_pct(early, low, avg) && within_pct(steady, low, self.before_measure_avg_us)
     }
 
     /// A measured floor holds for `floor_window`; then it is dropped (the
@@ -590,7 +583,12 @@ fn held_limit(serving_milli: u128) -> u64 {
 /// Whether `latency_us` is within the tolerance of the lowest latency
 /// `low_us` (no queueing by that floor).
 fn within_tolerance(spec: &AdaptiveSpec, low_us: u64, latency_us: u64) -> bool {
-    u128::from(low_us) * u128::from(spec.tolerance_pct) >= u128::from(latency_us) * 100
+    within_pct(u128::from(spec.tolerance_pct), low_us, latency_us)
+}
+
+/// Whether `latency_us` is at most `pct`% of `low_us`.
+fn within_pct(pct: u128, low_us: u64, latency_us: u64) -> bool {
+    u128::from(low_us) * pct >= u128::from(latency_us) * 100
 }
 
 /// What one interval saw, from every worker.
