@@ -325,18 +325,20 @@ def write(adaptive, breakers, goals=None, name="overload"):
                   f"counts as at its share within {SHARE_SLACK} points of the goodput.", "",
                   "| round | native goodput/s | native worst p99 ms | sluice goodput/s | sluice worst p99 ms "
                   "| sluice shares critical / default / sheddable % | Envoy CPU s, native / sluice "
-                  "(µs per request) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "(µs per request) | ceiling: nothing in front, goodput/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        ceiling = goal.get("ceiling_rps") or []
         for i, (a, b) in enumerate(goal["rounds"], 1):
             sh = " / ".join(f"{b['share_pct'][c]:.0f}" for c in CLASSES)
+            top = f"{ceiling[i - 1]:.1f}" if i <= len(ceiling) else "-"
             lines.append(f"| {i} | {a['goodput_rps']:.1f} | {a['worst_p99_ms']:.0f} | {b['goodput_rps']:.1f} "
-                         f"| {b['worst_p99_ms']:.0f} | {sh} | {cpu_cell(a)} / {cpu_cell(b)} |")
+                         f"| {b['worst_p99_ms']:.0f} | {sh} | {cpu_cell(a)} / {cpu_cell(b)} | {top} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
         lines += ["", paired_goodput(goal["rounds"])]
-        cpu = cpu_line(goal["rounds"])
-        if cpu:
-            lines += ["", cpu]
+        for line in (cpu_line(goal["rounds"]), ceiling_line(goal)):
+            if line:
+                lines += ["", line]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
               "upstream fails half, and recovers at least as fast as native admission_control.", "",
@@ -373,17 +375,23 @@ def cpu_line(rounds):
 def run_goal(first=None, pause=0.0):
     """Native and the goal setup alternating, GOAL_ROUNDS rounds in all (the
     first from the side-by-side run above, if given): medians of each.
-    `pause`: clients wait that long after a refusal before sending again."""
+    `pause`: clients wait that long after a refusal before sending again.
+    Each round also runs nothing in front (first), whose goodput is the
+    upstream's ceiling on this machine in that round: every slot always has
+    a request waiting at the upstream itself, so no filter can serve more."""
     native_setup = next(x for x in ADAPTIVE_SETUPS if x[0].startswith("native"))
-    rounds = []
+    nothing_setup = next(x for x in ADAPTIVE_SETUPS if x[1] is None)
+    rounds, ceiling = [], []
     if first:
         native = next(r for r in first if r["setup"] == native_setup[0])
         ours = next(r for r in first if r["setup"] == GOAL_SETUP[0])
         rounds.append((judge(native), judge(ours)))
+        ceiling.append(next(r for r in first if r["setup"] == nothing_setup[0])["goodput_rps"])
     for i in range(GOAL_ROUNDS - len(rounds)):
-        order = [native_setup, GOAL_SETUP] if i % 2 else [GOAL_SETUP, native_setup]
+        order = [nothing_setup] + ([native_setup, GOAL_SETUP] if i % 2 else [GOAL_SETUP, native_setup])
         rows = {r["setup"]: r for r in run_adaptive(setups=order, pause=pause)}
         rounds.append((judge(rows[native_setup[0]]), judge(rows[GOAL_SETUP[0]])))
+        ceiling.append(rows[nothing_setup[0]]["goodput_rps"])
     med = lambda xs: statistics.median(xs)  # noqa: E731
     n = {"goodput_rps": med([a["goodput_rps"] for a, _ in rounds]),
          "worst_p99_ms": med([a["worst_p99_ms"] for a, _ in rounds])}
@@ -400,7 +408,23 @@ def run_goal(first=None, pause=0.0):
          all(o["share_pct"][c] >= SHARES[c] - SHARE_SLACK for c in CLASSES)),
     ]
     return {"setup": GOAL_SETUP[0], "pause_ms": pause * 1000, "rounds": rounds, "native": n, "sluice": o,
+            "ceiling_rps": ceiling,
             "goals": [{"goal": g, "measured": m, "met": bool(ok)} for g, m, ok in goals]}
+
+
+def ceiling_line(goal):
+    """Where both filters' goodput stands against the upstream's ceiling
+    (nothing in front), round by round: context for goodput, not a goal."""
+    ceiling = goal.get("ceiling_rps") or []
+    if len(ceiling) != len(goal["rounds"]):
+        return None
+    share = [(a["goodput_rps"] / c, b["goodput_rps"] / c) for (a, b), c in zip(goal["rounds"], ceiling) if c]
+    if not share:
+        return None
+    n, o = (statistics.median(xs) * 100 for xs in zip(*share))
+    return (f"The upstream's ceiling (nothing in front: every slot always has a request waiting at the "
+            f"upstream itself), median {statistics.median(ceiling):.1f}/s; round by round, native served "
+            f"{n:.1f}% of it and sluice {o:.1f}% (medians).")
 
 
 def main():
@@ -410,14 +434,14 @@ def main():
     goal = run_goal(adaptive)
     for g in goal["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"])):
+    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"]), ceiling_line(goal)):
         if line:
             print(f"  {line}", flush=True)
     print(f"Context: the same rounds with clients that wait {BACKOFF_S * 1000:.0f} ms after a refusal:", flush=True)
     backoff = run_goal(pause=BACKOFF_S)
     for g in backoff["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"])):
+    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"]), ceiling_line(backoff)):
         if line:
             print(f"  {line}", flush=True)
     print("Error-rate control, side by side:", flush=True)
