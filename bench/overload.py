@@ -8,7 +8,7 @@
    native `adaptive_concurrency`, a sluice shedder with the limit set by
    hand to the first capacity, and a sluice shedder with `max: "auto"`.
    Goodput, admitted p50/p99 per class, and how long the learned limit took
-   to settle after each change.
+   to reach where it ends each phase after each change, and to stay there.
 2. Error-rate control: an upstream (5 ms, ample capacity) that fails 50% of
    requests for 6 s between two healthy stretches, under 16 clients.
    Nothing, Envoy's native `admission_control`, a sluice breaker that opens,
@@ -151,19 +151,36 @@ def cpu_s(pid):
         return None
 
 
-def settle_time(series, change_at, end_at):
-    """Seconds from a change until the limit stays within 25% of where it
-    ends the phase (the median of the phase's last second)."""
+def phase_final(series, change_at, end_at):
+    """The limit's samples in a phase, and where it ends the phase (the
+    median of the phase's last second)."""
     phase = [(t, v) for t, v in series if change_at <= t < end_at and v is not None]
     tail = [v for t, v in phase if t >= end_at - 1]
-    if not tail:
+    return phase, (statistics.median(tail) if tail else None)
+
+
+def settle_time(series, change_at, end_at):
+    """Seconds from a change until the limit stays within 25% of where it
+    ends the phase: any later sample outside (a dip of a sawtooth, a
+    measurement's hold) counts."""
+    phase, final = phase_final(series, change_at, end_at)
+    if final is None:
         return None
-    final = statistics.median(tail)
     settled = change_at
     for t, v in phase:
         if abs(v - final) > 0.25 * max(final, 1):
             settled = t
     return settled - change_at
+
+
+def reach_time(series, change_at, end_at):
+    """Seconds from a change until the limit first comes within 25% of
+    where it ends the phase: how fast it reacts, where `settle_time` says
+    how steady it is afterwards."""
+    phase, final = phase_final(series, change_at, end_at)
+    if final is None:
+        return None
+    return next((t - change_at for t, v in phase if abs(v - final) <= 0.25 * max(final, 1)), None)
 
 
 def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
@@ -215,6 +232,7 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
         row["phase_class_ok"] = [[sum(1 for r in ok if c <= r[0] < e and CLASSES[r[3] % 3] == cls)
                                   for cls in CLASSES] for c, e in zip(changes, ends)]
         row["settle_s"] = [settle_time(series, c, e) for c, e in zip(changes, ends)] if read else None
+        row["reach_s"] = [reach_time(series, c, e) for c, e in zip(changes, ends)] if read else None
         row["limits_at_phase_end"] = [next((v for t, v in reversed(series) if t < e), None)
                                       for e in ends] if read else None
         out.append(row)
@@ -300,13 +318,16 @@ def write(adaptive, breakers, goals=None, name="overload"):
              "Goal: sluice `auto` admitted p99 at or below native's with at least native's goodput, "
              "and no class below its share.", "",
              "| setup | goodput/s | refused/s | critical p50/p99 ms | default p50/p99 ms | sheddable p50/p99 ms "
-             "| goodput per class/s | admitted p99 per phase ms | settle after each change (s) "
+             "| goodput per class/s | admitted p99 per phase ms "
+             "| after each change, the limit within 25% of its phase's end: first / for good (s) "
              "| limit at each phase end | Envoy CPU s (µs per request) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for r in adaptive:
         per = " / ".join(f(r[f"{c}_goodput_rps"]) for c in CLASSES)
-        settle = "-" if r["settle_s"] is None else ", ".join("-" if s is None else f"{s:.1f}" for s in r["settle_s"])
+        secs = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        settle = ("-" if r["settle_s"] is None else
+                  ", ".join(f"{secs(a)} / {secs(b)}" for a, b in zip(r.get("reach_s") or [None] * 3, r["settle_s"])))
         limits = "-" if r["limits_at_phase_end"] is None else ", ".join(f(v) for v in r["limits_at_phase_end"])
         lines.append(f"| {r['setup']} | {f(r['goodput_rps'])} | {f(r['refused_rps'])} | "
                      + " | ".join(f"{f(r[c + '_p50_ms'])} / {f(r[c + '_p99_ms'])}" for c in CLASSES)
