@@ -159,6 +159,24 @@ def phase_final(series, change_at, end_at):
     return phase, (statistics.median(tail) if tail else None)
 
 
+def cpu_ticks():
+    """(stolen, total) CPU ticks of the whole machine so far, from Linux's
+    /proc/stat; None elsewhere. Stolen ticks are those the hypervisor gave
+    to another guest while this one had work: on a shared virtual machine
+    a slow spell of the host."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return fields[7], sum(fields)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def steal_pct(before, after):
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def settle_time(series, change_at, end_at):
     """Seconds from a change until the limit stays within 25% of where it
     ends the phase: any later sample outside (a dip of a sawtooth, a
@@ -195,6 +213,7 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
                 with Clients(port, clients, pause) as cl:
                     start = time.time()
                     cpu_at_start = cpu_s(front.proc.pid)
+                    ticks_at_start = cpu_ticks()
                     for cap in (4, 8, 2):
                         up.set_capacity(cap)
                         changes.append(time.time())
@@ -209,6 +228,7 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
                     # machine, refused requests compete with the upstream
                     # and the clients for the CPU.
                     cpu_at_stop = cpu_s(front.proc.pid)
+                    ticks_at_stop = cpu_ticks()
                 cpu = None if None in (cpu_at_start, cpu_at_stop) else cpu_at_stop - cpu_at_start
                 got = [r for r in cl.results if r[0] >= start + 0.5]
                 answered = [r for r in cl.results if start <= r[0] < stop]
@@ -216,6 +236,9 @@ def run_adaptive(phase_s=5.0, clients=32, setups=None, pause=0.0):
         row = {"setup": label, "goodput_rps": len(ok) / (stop - start - 0.5),
                "refused_rps": (len(got) - len(ok)) / (stop - start - 0.5),
                "envoy_cpu_s": cpu,
+               # The share of the machine's CPU the host took while the
+               # clients ran (steal).
+               "steal_pct": steal_pct(ticks_at_start, ticks_at_stop),
                # Per request sent in that time and answered (refused or
                # served).
                "envoy_cpu_us_per_request": (None if cpu is None or not answered
@@ -303,6 +326,31 @@ def paired_goodput(rounds):
     return text + f"; standard error {se:.1f}/s, t = {t:+.1f} (95% bound {bound}): {verdict}."
 
 
+# A round where the host took more than this share of the machine's CPU
+# from either filter's run counts as disturbed (in session 23's traces,
+# the rounds that lost 300 or more responses had 17-18%, the others 0-8%).
+STEAL_DISTURBED_PCT = 10
+
+
+def steal_cell(r):
+    v = r.get("steal_pct")
+    return "-" if v is None else f"{v:.1f}"
+
+
+def steal_line(rounds):
+    """The paired difference without the rounds the host disturbed: context
+    for goodput, not a goal (the verdict above takes every round)."""
+    if any(r.get("steal_pct") is None for pair in rounds for r in pair):
+        return None
+    calm = [(a, b) for a, b in rounds
+            if max(a["steal_pct"], b["steal_pct"]) <= STEAL_DISTURBED_PCT]
+    text = (f"Rounds where the host took more than {STEAL_DISTURBED_PCT}% of the machine's CPU (steal) "
+            f"from either filter: {len(rounds) - len(calm)} of {len(rounds)}")
+    if len(calm) < 2 or len(calm) == len(rounds):
+        return text + "."
+    return text + "; without them: " + paired_goodput(calm)[0].lower() + paired_goodput(calm)[1:]
+
+
 def cpu_cell(r):
     cpu, per = r.get("envoy_cpu_s"), r.get("envoy_cpu_us_per_request")
     return "-" if cpu is None or per is None else f"{cpu:.1f} ({per:.0f})"
@@ -346,18 +394,20 @@ def write(adaptive, breakers, goals=None, name="overload"):
                   f"counts as at its share within {SHARE_SLACK} points of the goodput.", "",
                   "| round | native goodput/s | native worst p99 ms | sluice goodput/s | sluice worst p99 ms "
                   "| sluice shares critical / default / sheddable % | Envoy CPU s, native / sluice "
-                  "(µs per request) | ceiling: nothing in front, goodput/s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "(µs per request) | ceiling: nothing in front, goodput/s | CPU the host took (steal), "
+                  "native / sluice % |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         ceiling = goal.get("ceiling_rps") or []
         for i, (a, b) in enumerate(goal["rounds"], 1):
             sh = " / ".join(f"{b['share_pct'][c]:.0f}" for c in CLASSES)
             top = f"{ceiling[i - 1]:.1f}" if i <= len(ceiling) else "-"
             lines.append(f"| {i} | {a['goodput_rps']:.1f} | {a['worst_p99_ms']:.0f} | {b['goodput_rps']:.1f} "
-                         f"| {b['worst_p99_ms']:.0f} | {sh} | {cpu_cell(a)} / {cpu_cell(b)} | {top} |")
+                         f"| {b['worst_p99_ms']:.0f} | {sh} | {cpu_cell(a)} / {cpu_cell(b)} | {top} "
+                         f"| {steal_cell(a)} / {steal_cell(b)} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
         lines += ["", paired_goodput(goal["rounds"])]
-        for line in (cpu_line(goal["rounds"]), ceiling_line(goal)):
+        for line in (cpu_line(goal["rounds"]), ceiling_line(goal), steal_line(goal["rounds"])):
             if line:
                 lines += ["", line]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
@@ -379,7 +429,8 @@ def judge(row):
             "worst_p99_ms": max((row[f"{c}_p99_ms"] or 0) for c in CLASSES),
             "share_pct": {c: 100 * row[f"{c}_goodput_rps"] / total for c in CLASSES},
             "envoy_cpu_s": row.get("envoy_cpu_s"),
-            "envoy_cpu_us_per_request": row.get("envoy_cpu_us_per_request")}
+            "envoy_cpu_us_per_request": row.get("envoy_cpu_us_per_request"),
+            "steal_pct": row.get("steal_pct")}
 
 
 def cpu_line(rounds):
@@ -455,14 +506,16 @@ def main():
     goal = run_goal(adaptive)
     for g in goal["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"]), ceiling_line(goal)):
+    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"]), ceiling_line(goal),
+                 steal_line(goal["rounds"])):
         if line:
             print(f"  {line}", flush=True)
     print(f"Context: the same rounds with clients that wait {BACKOFF_S * 1000:.0f} ms after a refusal:", flush=True)
     backoff = run_goal(pause=BACKOFF_S)
     for g in backoff["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"]), ceiling_line(backoff)):
+    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"]), ceiling_line(backoff),
+                 steal_line(backoff["rounds"])):
         if line:
             print(f"  {line}", flush=True)
     print("Error-rate control, side by side:", flush=True)
