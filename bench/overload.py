@@ -327,8 +327,9 @@ def paired_goodput(rounds):
 
 
 # A round where the host took more than this share of the machine's CPU
-# from either filter's run counts as disturbed (in session 23's traces,
-# the rounds that lost 300 or more responses had 17-18%, the others 0-8%).
+# from either filter's run counts as disturbed (in session 23's traced
+# rounds, the two that fell 10/s or more below the others had 17 and 18%,
+# the other 34 runs 0 to 8%).
 STEAL_DISTURBED_PCT = 10
 
 
