@@ -9,6 +9,9 @@
    hand to the first capacity, and a sluice shedder with `max: "auto"`.
    Goodput, admitted p50/p99 per class, and how long the learned limit took
    to reach where it ends each phase after each change, and to stay there.
+   The goal is judged in rounds of native and sluice alternating; each
+   round also runs nothing in front (the upstream's ceiling that round)
+   and records how much of the machine's CPU the host took (steal).
 2. Error-rate control: an upstream (5 ms, ample capacity) that fails 50% of
    requests for 6 s between two healthy stretches, under 16 clients.
    Nothing, Envoy's native `admission_control`, a sluice breaker that opens,
