@@ -331,8 +331,8 @@ def paired_goodput(rounds):
 
 # A round where the host took more than this share of the machine's CPU
 # from either filter's run counts as disturbed (in session 23's traced
-# rounds, the two that fell 10/s or more below the others had 17 and 18%,
-# the other 34 runs 0 to 8%).
+# rounds, the two runs that fell 8/s or more below the others of their
+# filter had 17 and 18%, the other 34 runs 0 to 8%).
 STEAL_DISTURBED_PCT = 10
 
 
