@@ -352,7 +352,16 @@ def steal_line(rounds):
             f"from either filter: {len(rounds) - len(calm)} of {len(rounds)}")
     if len(calm) < 2 or len(calm) == len(rounds):
         return text + "."
-    return text + "; without them: " + paired_goodput(calm)[0].lower() + paired_goodput(calm)[1:]
+    paired = paired_goodput(calm)
+    return text + "; without them: " + paired[0].lower() + paired[1:]
+
+
+def context_lines(goal):
+    """What is printed and written under a goal's verdict: the paired
+    difference, the CPU, the ceiling and the steal (those measured)."""
+    lines = (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"]), ceiling_line(goal),
+             steal_line(goal["rounds"]))
+    return [line for line in lines if line]
 
 
 def cpu_cell(r):
@@ -410,10 +419,8 @@ def write(adaptive, breakers, goals=None, name="overload"):
                          f"| {steal_cell(a)} / {steal_cell(b)} |")
         lines += ["", "| goal | measured (medians) | met |", "|---|---|---|"]
         lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in goal["goals"]]
-        lines += ["", paired_goodput(goal["rounds"])]
-        for line in (cpu_line(goal["rounds"]), ceiling_line(goal), steal_line(goal["rounds"])):
-            if line:
-                lines += ["", line]
+        for line in context_lines(goal):
+            lines += ["", line]
     lines += ["", "## Error-rate control (50% upstream errors for 6 s, 16 clients)", "",
               "Goal: graded breaking serves more successful requests than an open/closed breaker while the "
               "upstream fails half, and recovers at least as fast as native admission_control.", "",
@@ -510,18 +517,14 @@ def main():
     goal = run_goal(adaptive)
     for g in goal["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(goal["rounds"]), cpu_line(goal["rounds"]), ceiling_line(goal),
-                 steal_line(goal["rounds"])):
-        if line:
-            print(f"  {line}", flush=True)
+    for line in context_lines(goal):
+        print(f"  {line}", flush=True)
     print(f"Context: the same rounds with clients that wait {BACKOFF_S * 1000:.0f} ms after a refusal:", flush=True)
     backoff = run_goal(pause=BACKOFF_S)
     for g in backoff["goals"]:
         print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in (paired_goodput(backoff["rounds"]), cpu_line(backoff["rounds"]), ceiling_line(backoff),
-                 steal_line(backoff["rounds"])):
-        if line:
-            print(f"  {line}", flush=True)
+    for line in context_lines(backoff):
+        print(f"  {line}", flush=True)
     print("Error-rate control, side by side:", flush=True)
     breakers = run_breakers()
     write(adaptive, breakers, [goal, backoff])
