@@ -3,8 +3,9 @@
 //!
 //! Counters and gauges that change per request are not handed to Envoy one
 //! host call at a time: `add` merges the changes per metric in the VM and
-//! every worker's 100 ms tick (`flush`) hands them over, one host call per
-//! metric that changed. Breaker transitions and state are set at once.
+//! every worker's tick (`flush`: every 100 ms, or 1 ms while it holds
+//! requests back) hands them over, one host call per metric that changed.
+//! Breaker transitions and state are set at once.
 
 use crate::pipeline::telemetry::{Kind, MetricId, Registry, Sink};
 use proxy_wasm::hostcalls;
