@@ -364,6 +364,14 @@ def context_lines(goal):
     return [line for line in lines if line]
 
 
+def print_goal(goal):
+    """Prints a goal's verdicts and the context under them."""
+    for g in goal["goals"]:
+        print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
+    for line in context_lines(goal):
+        print(f"  {line}", flush=True)
+
+
 def cpu_cell(r):
     cpu, per = r.get("envoy_cpu_s"), r.get("envoy_cpu_us_per_request")
     return "-" if cpu is None or per is None else f"{cpu:.1f} ({per:.0f})"
@@ -515,16 +523,10 @@ def main():
     adaptive = run_adaptive()
     print(f"The goal, native and {GOAL_SETUP[0]} in {GOAL_ROUNDS} rounds:", flush=True)
     goal = run_goal(adaptive)
-    for g in goal["goals"]:
-        print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in context_lines(goal):
-        print(f"  {line}", flush=True)
+    print_goal(goal)
     print(f"Context: the same rounds with clients that wait {BACKOFF_S * 1000:.0f} ms after a refusal:", flush=True)
     backoff = run_goal(pause=BACKOFF_S)
-    for g in backoff["goals"]:
-        print(f"  {g['goal']}: {g['measured']}: {'met' if g['met'] else 'NOT met'}", flush=True)
-    for line in context_lines(backoff):
-        print(f"  {line}", flush=True)
+    print_goal(backoff)
     print("Error-rate control, side by side:", flush=True)
     breakers = run_breakers()
     write(adaptive, breakers, [goal, backoff])
