@@ -217,8 +217,8 @@ struct Local {
     /// Adaptive limit: latency samples since the last tick, and the limit
     /// and floor last read from the shared entry.
     samples: Samples,
-    /// When the first of those samples came (ms; none: no sample yet).
-    first_sample_ms: Option<u64>,
+    /// When this worker last merged its samples (ms).
+    merged_ms: u64,
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
@@ -246,7 +246,7 @@ impl Local {
             lease: 0,
             calm: false,
             samples: Samples::default(),
-            first_sample_ms: None,
+            merged_ms: now_ms,
             auto: spec
                 .concurrency
                 .as_ref()
@@ -502,7 +502,6 @@ impl Shedders {
         let (Some(auto), Some(spec)) = (l.auto.as_ref(), spec) else {
             return;
         };
-        l.first_sample_ms.get_or_insert(now_ms);
         let admitted_ms = now_ms.saturating_sub(latency_us / 1000);
         if auto
             .measured_from_ms(&spec)
@@ -531,12 +530,10 @@ impl Shedders {
                 continue;
             };
             let samples = Samples {
-                span_ms: l
-                    .first_sample_ms
-                    .take()
-                    .map_or(0, |first| now_ms.saturating_sub(first)),
+                span_ms: now_ms.saturating_sub(l.merged_ms),
                 ..std::mem::take(&mut l.samples)
             };
+            l.merged_ms = now_ms;
             let failures = &mut self.store_failures;
             let merged = update(store, &key, self.max_retries, |found| {
                 let old = match found.map(|e| Auto::decode(&e.bytes)) {
@@ -827,25 +824,6 @@ impl Shedders {
     /// Whether decrements that failed are waiting to be retried.
     pub fn has_retries(&self) -> bool {
         !self.retry.is_empty()
-    }
-
-    /// Whether latency samples gathered here should be merged on the next
-    /// millisecond rather than the slow tick: while the limit is at least
-    /// half in use (as it must be to grow). A batch merged on the slow
-    /// tick may span up to 100 ms, and an interval with such a batch
-    /// cannot count the rate of responses (`adaptive::RATE_SPANS`): its
-    /// latency alone, which lags the limit, then decides. A worker without
-    /// waiters used to merge so in about a fifth of the intervals of
-    /// `bench/overload.py`, in some rounds nearly all: the limit shrank
-    /// from 13 to 7 on 8 slots, and floor measurements started from such
-    /// intervals held 6 on 8 slots.
-    pub fn merge_soon(&self) -> bool {
-        self.local.iter().any(|l| {
-            l.samples.count > 0
-                && l.auto
-                    .as_ref()
-                    .is_some_and(|a| l.samples.peak_inflight.saturating_mul(2) >= a.limit())
-        })
     }
 
     fn retry_failed(&mut self, store: &dyn Store) {
