@@ -3,8 +3,8 @@
 //!
 //! Counters and gauges that change per request are not handed to Envoy one
 //! host call at a time: `add` merges the changes per metric in the VM and
-//! every worker's tick (`flush`: every 100 ms, or 1 ms while it holds
-//! requests back) hands them over, one host call per metric that changed.
+//! every worker's tick (`flush`: every 100 ms, or 1 ms while it has to act
+//! sooner) hands them over, one host call per metric that changed.
 //! Breaker transitions and state are set at once.
 
 use crate::pipeline::telemetry::{Kind, MetricId, Registry, Sink};

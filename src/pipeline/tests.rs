@@ -436,6 +436,53 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
     assert_eq!(out.tick, Some(SLOW_TICK));
 }
 
+#[test]
+fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_use() {
+    // A worker merging its latency samples on its slow tick brings up to
+    // 100 ms of them at once, and the interval cannot count the rate of
+    // responses: while the limit is in full use, a worker with samples to
+    // merge takes the 1 ms tick until they are merged.
+    let store: Rc<MemoryStore> = Rc::new(MemoryStore::default());
+    let config = parse(
+        br#"{"shedders":[{"name":"a","concurrency":{"max":"auto","queue":0,
+        "adaptive":{"min":1,"max":20,"initial":10}}}]}"#,
+    )
+    .expect("valid");
+    let mut p = Pipeline::build(&config, (1, 2), 7, T0 / MS, 0).expect("builds");
+    let mut rec = Recorder::of(&p.metrics);
+    let clock = || T0;
+    let mut env = Env {
+        store: &*store,
+        clock: &clock,
+        sink: &mut rec,
+    };
+    p.start(&mut env).expect("starts");
+    let _ = p.tick(&mut env);
+    let req = FakeRequest::new("GET", "/");
+    // The ticks asked for by a round of `n` requests in flight at once,
+    // answered and ended, then by two ticks.
+    let mut round = |n: u32| {
+        let mut streams: Vec<Stream> = (0..n).map(Stream::new).collect();
+        let mut asked = Vec::new();
+        for st in &mut streams {
+            let (v, out) = p.request(&mut env, st, &req);
+            assert_eq!(v, Verdict::Continue);
+            asked.extend(out.tick);
+        }
+        for st in &mut streams {
+            asked.extend(p.response(&mut env, st, &Response(200)).1.tick);
+            asked.extend(p.end(&mut env, st).tick);
+        }
+        (asked, p.tick(&mut env).tick, p.tick(&mut env).tick)
+    };
+    // One, then nine in flight of a limit of 10: their samples wait for
+    // the slow tick.
+    assert_eq!(round(1), (vec![], None, None));
+    assert_eq!(round(9), (vec![], None, None));
+    // Ten: the fast tick until the next tick merges them.
+    assert_eq!(round(10), (vec![FAST_TICK], Some(SLOW_TICK), None));
+}
+
 /// A stage that pauses every request and holds it; counts its releases.
 struct Pauser(Rc<Cell<u32>>);
 

@@ -41,8 +41,8 @@ pub struct Samples {
     pub min_us: Option<u64>,
     /// The most requests in flight (all workers) this worker saw.
     pub peak_inflight: u64,
-    /// How long since this worker's last merge (ms): the stretch of time
-    /// its samples may come from.
+    /// How long since the first of these samples came (ms): the stretch
+    /// of time they come from.
     pub span_ms: u64,
     /// While the floor is measured: the latencies of the requests
     /// admitted under the held limit ([`Auto::measured_from_ms`]).
@@ -132,8 +132,8 @@ const NONE: u64 = u64::MAX;
 /// A floor measurement that left the floor at the lowest latency seen.
 const NOTHING_LEARNED: u64 = 0;
 /// The rate of responses counts when every batch merged in the interval
-/// spans at most this part of it (workers with waiters merge on their
-/// 1 ms tick).
+/// spans at most this part of it (a worker merges its samples on its
+/// 1 ms tick while the limit is in full use).
 const RATE_SPANS: u64 = 10;
 
 impl Auto {

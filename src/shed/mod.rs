@@ -103,7 +103,8 @@ struct Read {
     refusal: bool,
     /// When the oldest waiter another worker claims arrived.
     oldest_other: Option<u64>,
-    /// The most in flight seen.
+    /// The most in flight seen, before or after the op (an admission
+    /// counts itself).
     peak: u64,
     seen: Elsewhere,
     /// The count of admissions (`None`: the entry was not read).
@@ -144,6 +145,7 @@ fn apply_op(
                 Update::Write(encode_shared(&next), None)
             }
             Applied::Done(next, granted) => {
+                read.peak = read.peak.max(next.inflight);
                 read.wake = to_wake(&next, change);
                 Update::Write(encode_shared(&next), Some(granted))
             }
@@ -217,8 +219,8 @@ struct Local {
     /// Adaptive limit: latency samples since the last tick, and the limit
     /// and floor last read from the shared entry.
     samples: Samples,
-    /// When this worker last merged its samples (ms).
-    merged_ms: u64,
+    /// When the first of those samples came (ms; none: no sample yet).
+    first_sample_ms: Option<u64>,
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
@@ -246,7 +248,7 @@ impl Local {
             lease: 0,
             calm: false,
             samples: Samples::default(),
-            merged_ms: now_ms,
+            first_sample_ms: None,
             auto: spec
                 .concurrency
                 .as_ref()
@@ -502,6 +504,7 @@ impl Shedders {
         let (Some(auto), Some(spec)) = (l.auto.as_ref(), spec) else {
             return;
         };
+        l.first_sample_ms.get_or_insert(now_ms);
         let admitted_ms = now_ms.saturating_sub(latency_us / 1000);
         if auto
             .measured_from_ms(&spec)
@@ -530,10 +533,12 @@ impl Shedders {
                 continue;
             };
             let samples = Samples {
-                span_ms: now_ms.saturating_sub(l.merged_ms),
+                span_ms: l
+                    .first_sample_ms
+                    .take()
+                    .map_or(0, |first| now_ms.saturating_sub(first)),
                 ..std::mem::take(&mut l.samples)
             };
-            l.merged_ms = now_ms;
             let failures = &mut self.store_failures;
             let merged = update(store, &key, self.max_retries, |found| {
                 let old = match found.map(|e| Auto::decode(&e.bytes)) {
@@ -769,7 +774,7 @@ impl Shedders {
         let Some(l) = self.local.get_mut(s) else {
             return;
         };
-        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen + 1);
+        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen);
         if op == Op::Direct {
             // Calm while a direct admission is granted a lease top-up; a
             // refused one (`None`: at the limit, or waiters) is not calm.
@@ -824,6 +829,30 @@ impl Shedders {
     /// Whether decrements that failed are waiting to be retried.
     pub fn has_retries(&self) -> bool {
         !self.retry.is_empty()
+    }
+
+    /// Whether latency samples gathered here should be merged on the next
+    /// millisecond rather than the slow tick: while the limit is in full
+    /// use (as counted by its ops on the shared entry), as
+    /// under overload, where the rate of responses decides how far the
+    /// limit grows after a rise in capacity and how far it shrinks after
+    /// a fall. A batch merged on the slow tick may span up to 100 ms, and
+    /// an interval with such a batch cannot count the rate
+    /// (`adaptive::RATE_SPANS`): its latency alone, which lags the limit,
+    /// then decides. A worker without waiters used to merge so in about a
+    /// fifth of the intervals of `bench/overload.py`, in some rounds
+    /// nearly all: the limit shrank from 13 to 7 on 8 slots, and floor
+    /// measurements started from such intervals held 6 on 8 slots. Not
+    /// while the limit is partly used: a worker serving one request at a
+    /// time would then pay a tick per response (+24% instructions per
+    /// request, `bench/results/sample-tick-side-by-side.md`).
+    pub fn merge_soon(&self) -> bool {
+        self.local.iter().any(|l| {
+            l.samples.count > 0
+                && l.auto
+                    .as_ref()
+                    .is_some_and(|a| l.samples.peak_inflight >= a.limit())
+        })
     }
 
     fn retry_failed(&mut self, store: &dyn Store) {

@@ -210,9 +210,11 @@ impl ShedStage {
         };
         let now_ns = cx.now_ns();
         let latency_us = now_ns.saturating_sub(since) / 1_000;
+        let soon = self.shedders.merge_soon();
         for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
             self.shedders.sample(s, latency_us, now_ns / 1_000_000);
         }
+        cx.tick_changed |= !soon && self.shedders.merge_soon();
     }
 
     /// Adaptive limits (on the tick): shares this worker's samples, reads
@@ -569,10 +571,13 @@ impl Stage for ShedStage {
         }
     }
 
-    /// Waiting requests, or failed decrements to retry, need the fast tick.
+    /// Waiting requests, failed decrements to retry, and an adaptive
+    /// limit's samples to merge soon ([`Shedders::merge_soon`]) need the
+    /// fast tick.
     fn wants_fast_tick(&self) -> bool {
         self.shedders.has_retries()
             || (0..self.shedders.rules.len()).any(|s| self.shedders.queued(s) > 0)
+            || self.shedders.merge_soon()
     }
 
     fn close(&mut self, cx: &mut Cx<'_, '_>) {
