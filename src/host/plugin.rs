@@ -9,7 +9,7 @@ use crate::hash::FastMap;
 use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Signal, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 pub struct Plugin {
     pipeline: RefCell<Pipeline>,
@@ -24,6 +24,11 @@ pub struct Plugin {
     /// Shared queues this VM wakes others through, by name (resolved on
     /// first use: a queue exists once some VM listens on it).
     queues: RefCell<FastMap<String, u32>>,
+    /// Replaced by a newer configuration: the VM's tick is the newer
+    /// one's (only it is ticked), so this one's last streams no longer
+    /// change its period (they left a VM on the 1 ms tick for good, or
+    /// slowed the newer one's queue to 100 ms).
+    retired: Cell<bool>,
 }
 
 impl Plugin {
@@ -42,7 +47,13 @@ impl Plugin {
             empty,
             parked: RefCell::default(),
             queues: RefCell::default(),
+            retired: Cell::new(false),
         }
+    }
+
+    /// A newer configuration replaces this one (see `retired`).
+    pub fn retire(&self) {
+        self.retired.set(true);
     }
 
     /// Wakes the VM listening on the queue `name`, if any. Best effort:
@@ -110,7 +121,7 @@ impl Plugin {
     /// Carries out an outcome: a new tick period, then the effects on other
     /// streams, then makes `current` the effective stream again.
     pub fn apply(&self, out: Outcome, current: Option<u32>) {
-        if let Some(period) = out.tick {
+        if let Some(period) = out.tick.filter(|_| !self.retired.get()) {
             let _ = hostcalls::set_tick_period(period);
         }
         // Listening is the root context's (it hears the queue), and

@@ -163,11 +163,21 @@ impl RootContext for Root {
                 self.calls.clear();
                 // Nor are its queues: the new one listens on its own.
                 self.listening.clear();
+                // The old configuration's last streams leave the tick to
+                // this one.
+                let replaced = self.plugin.is_some();
+                if let Some(old) = &self.plugin {
+                    old.retire();
+                }
                 // The slow tick hands batched metric changes to Envoy and
                 // runs the stages' periodic work; the pipeline asks for the
-                // fast tick while requests wait in a sluice queue.
+                // fast tick while it has to act sooner (requests waiting in
+                // a sluice queue, say). An empty configuration has none:
+                // no tick, as if it had come first.
                 if !plugin.is_empty() {
                     self.set_tick_period(SLOW_TICK);
+                } else if replaced {
+                    self.set_tick_period(Duration::ZERO);
                 }
                 self.plugin = Some(Rc::new(plugin));
                 true

@@ -33,10 +33,11 @@ use crate::rng::SplitMix;
 use std::time::Duration;
 use telemetry::Registry;
 
-/// The tick period while nothing waits in a sluice queue.
+/// The tick period while no stage has to act sooner.
 pub const SLOW_TICK: Duration = Duration::from_millis(100);
-/// The tick period while requests wait: a slot freed on another worker is
-/// used within about a millisecond.
+/// The tick period while a stage has to act sooner (`Stage::wants_fast_tick`):
+/// requests wait (a slot freed on another worker is used within about a
+/// millisecond), an update to retry, an adaptive limit's samples to merge.
 pub const FAST_TICK: Duration = Duration::from_millis(1);
 
 /// What the host keeps per stream for the pipeline.

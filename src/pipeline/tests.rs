@@ -481,6 +481,27 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
     assert_eq!(round(9), (vec![], None, None));
     // Ten: the fast tick until the next tick merges them.
     assert_eq!(round(10), (vec![FAST_TICK], Some(SLOW_TICK), None));
+    // A sample already waiting, then the arrival that fills the limit:
+    // the fast tick from that arrival on.
+    let mut first = Stream::new(100);
+    assert_eq!(p.request(&mut env, &mut first, &req).0, Verdict::Continue);
+    assert_eq!(
+        p.response(&mut env, &mut first, &Response(200)).1.tick,
+        None
+    );
+    assert_eq!(p.end(&mut env, &mut first).tick, None);
+    let mut streams: Vec<Stream> = (0..10).map(Stream::new).collect();
+    let asked: Vec<_> = streams
+        .iter_mut()
+        .map(|st| p.request(&mut env, st, &req).1.tick)
+        .collect();
+    assert_eq!(asked.last(), Some(&Some(FAST_TICK)), "{asked:?}");
+    assert!(asked[..9].iter().all(Option::is_none), "{asked:?}");
+    for st in &mut streams {
+        let _ = p.response(&mut env, st, &Response(200));
+        let _ = p.end(&mut env, st);
+    }
+    assert_eq!(p.tick(&mut env).tick, Some(SLOW_TICK));
 }
 
 /// A stage that pauses every request and holds it; counts its releases.

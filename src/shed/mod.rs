@@ -103,8 +103,7 @@ struct Read {
     refusal: bool,
     /// When the oldest waiter another worker claims arrived.
     oldest_other: Option<u64>,
-    /// The most in flight seen, before or after the op (an admission
-    /// counts itself).
+    /// The most in flight seen.
     peak: u64,
     seen: Elsewhere,
     /// The count of admissions (`None`: the entry was not read).
@@ -145,7 +144,6 @@ fn apply_op(
                 Update::Write(encode_shared(&next), None)
             }
             Applied::Done(next, granted) => {
-                read.peak = read.peak.max(next.inflight);
                 read.wake = to_wake(&next, change);
                 Update::Write(encode_shared(&next), Some(granted))
             }
@@ -221,6 +219,9 @@ struct Local {
     samples: Samples,
     /// When the first of those samples came (ms; none: no sample yet).
     first_sample_ms: Option<u64>,
+    /// Whether an op on the shared entry since the last merge found the
+    /// adaptive limit in full use ([`Shedders::merge_soon`]).
+    full: bool,
     auto: Option<Auto>,
     /// Turns by class, with shares.
     clocks: Clocks,
@@ -249,6 +250,7 @@ impl Local {
             calm: false,
             samples: Samples::default(),
             first_sample_ms: None,
+            full: false,
             auto: spec
                 .concurrency
                 .as_ref()
@@ -532,6 +534,7 @@ impl Shedders {
             let Some(l) = self.local.get_mut(s) else {
                 continue;
             };
+            l.full = false;
             let samples = Samples {
                 span_ms: l
                     .first_sample_ms
@@ -774,7 +777,13 @@ impl Shedders {
         let Some(l) = self.local.get_mut(s) else {
             return;
         };
-        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen);
+        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen + 1);
+        // In full use: what was in flight before the op, or after it for
+        // an admission that took a slot (a release counts the request it
+        // ends).
+        let took = matches!(op, Op::Direct | Op::Admit) && granted.is_some();
+        let in_use = inflight_seen + u64::from(took);
+        l.full |= l.auto.as_ref().is_some_and(|a| in_use >= a.limit());
         if op == Op::Direct {
             // Calm while a direct admission is granted a lease top-up; a
             // refused one (`None`: at the limit, or waiters) is not calm.
@@ -832,8 +841,8 @@ impl Shedders {
     }
 
     /// Whether latency samples gathered here should be merged on the next
-    /// millisecond rather than the slow tick: while the limit is in full
-    /// use (as counted by its ops on the shared entry), as
+    /// millisecond rather than the slow tick: once an op on the shared
+    /// entry since the last merge found the limit in full use, as
     /// under overload, where the rate of responses decides how far the
     /// limit grows after a rise in capacity and how far it shrinks after
     /// a fall. A batch merged on the slow tick may span up to 100 ms, and
@@ -847,12 +856,7 @@ impl Shedders {
     /// time would then pay a tick per response (+24% instructions per
     /// request, `bench/results/sample-tick-side-by-side.md`).
     pub fn merge_soon(&self) -> bool {
-        self.local.iter().any(|l| {
-            l.samples.count > 0
-                && l.auto
-                    .as_ref()
-                    .is_some_and(|a| l.samples.peak_inflight >= a.limit())
-        })
+        self.local.iter().any(|l| l.full && l.samples.count > 0)
     }
 
     fn retry_failed(&mut self, store: &dyn Store) {

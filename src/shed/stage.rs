@@ -210,11 +210,20 @@ impl ShedStage {
         };
         let now_ns = cx.now_ns();
         let latency_us = now_ns.saturating_sub(since) / 1_000;
-        let soon = self.shedders.merge_soon();
         for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
             self.shedders.sample(s, latency_us, now_ns / 1_000_000);
         }
-        cx.tick_changed |= !soon && self.shedders.merge_soon();
+    }
+
+    /// An adaptive limit's samples to merge soon ([`Shedders::merge_soon`])
+    /// need the fast tick: asked after every arrival, response and end
+    /// (an op on the shared entry may have found the limit in full use, a
+    /// response adds a sample); the pipeline changes the tick only if
+    /// that changes what its stages want.
+    fn ask_merge_soon(&self, cx: &mut Cx<'_, '_>) {
+        if self.adaptive && self.shedders.merge_soon() {
+            cx.tick_changed = true;
+        }
     }
 
     /// Adaptive limits (on the tick): shares this worker's samples, reads
@@ -506,6 +515,7 @@ impl Stage for ShedStage {
             self.deadline(req, now, waited)
         };
         let step = self.arrive(cx, (id, now, now), classes, deadline, &mut watched);
+        self.ask_merge_soon(cx);
         if let Some(Step::Reply(r)) = step {
             for s in watched {
                 self.shedders.abandoned(s);
@@ -525,6 +535,7 @@ impl Stage for ShedStage {
     fn response(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, resp: &dyn ResponseView) -> bool {
         if self.adaptive {
             self.sample(cx, id);
+            self.ask_merge_soon(cx);
         }
         if let Some((watched, start_ms)) = self.watched.remove(&id) {
             let now = cx.now_ms();
@@ -552,6 +563,7 @@ impl Stage for ShedStage {
             }
         }
         self.finish(cx, id);
+        self.ask_merge_soon(cx);
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
