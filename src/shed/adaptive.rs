@@ -918,11 +918,12 @@ mod tests {
     fn the_rate_of_responses_is_not_used_when_samples_come_in_late_batches() {
         // A worker merges its samples on the 100 ms tick while the limit
         // is not in full use (and did so, before session 25, whenever it
-        // had no waiters): a batch may hold a whole interval's responses from before it, and
-        // batches land unevenly. Counted as the interval's rate, every
-        // overcount made the limit grow (to 29-36 for 16 slots in a
-        // review's simulation); the latency alone keeps it within its
-        // tolerance (up to 21.3 here, and one √limit step over it).
+        // had no waiters): a batch may hold a whole interval's responses
+        // from before it, and batches land unevenly. Counted as the
+        // interval's rate, every overcount made the limit grow (to 29-36
+        // for 16 slots in a review's simulation); the latency alone keeps
+        // it within its tolerance (up to 21.3 here, and one √limit step
+        // over it).
         let mut sim = Sim::new(16);
         sim.late = true;
         sim.run(16, 40);
