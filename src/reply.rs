@@ -8,8 +8,10 @@
 //! texts it does not get.
 //!
 //! `Retry-After` is whole seconds, at least 1, and never earlier than the
-//! moment the request could pass: `ceil((wait + jitter) / 1s)` with jitter
-//! uniform in `[0, spread]`, so clients refused together come back spread out.
+//! moment the request could pass: the wait rounded up to whole seconds,
+//! plus a jitter uniform in `[0, spread]` rounded to whole seconds at
+//! random (see [`retry_after_secs`]), so clients refused together come back
+//! spread over whole seconds.
 
 use crate::duration::NS_PER_S;
 use crate::rng::SplitMix;
@@ -182,10 +184,19 @@ pub fn ceil_secs(ns: u64) -> u64 {
     ns / NS_PER_S + u64::from(ns % NS_PER_S != 0)
 }
 
-/// `Retry-After` seconds for a wait, with jitter drawn from `rng`.
+/// `Retry-After` seconds for a wait: the wait rounded up to whole seconds
+/// (never before the request could pass), plus a jitter drawn uniformly in
+/// `[0, spread]` and rounded to whole seconds at random in proportion to
+/// its fraction (0.3 s adds a second with probability 0.3), so its mean is
+/// kept. Adding the jitter before rounding would collapse it: for a wait of
+/// a whole second or just under one, `ceil(wait + [0, 1 s])` is almost
+/// always the same whole second, and clients refused together would all
+/// come back together.
 pub fn retry_after_secs(wait_ns: u64, spread_ns: u64, rng: &mut SplitMix) -> u64 {
     let jitter = rng.below(spread_ns.saturating_add(1));
-    ceil_secs(wait_ns.saturating_add(jitter)).max(1)
+    let rounded_up = rng.below(NS_PER_S) < jitter % NS_PER_S;
+    let extra = jitter / NS_PER_S + u64::from(rounded_up);
+    ceil_secs(wait_ns).max(1).saturating_add(extra)
 }
 
 /// Appends `s` as a JSON string literal (names are restricted to
@@ -249,7 +260,52 @@ mod tests {
             let ra = retry_after_secs(wait, spread, &mut rng);
             assert!(ra >= 1);
             assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
-            assert!(ra <= ceil_secs(wait + spread).max(1));
+            assert!(ra <= ceil_secs(wait).max(1) + ceil_secs(spread));
+        }
+    }
+
+    /// 100 clients refused at once, at the default spread of 1 s, for waits
+    /// that are whole seconds or just under (the common case): several
+    /// values, none told to more than 90% of them, none early.
+    #[test]
+    fn jitter_spreads_waits_of_whole_seconds_over_whole_seconds() {
+        let mut rng = SplitMix(7);
+        for wait in [
+            1,
+            S / 1000,
+            S / 2,
+            S - 1,
+            S,
+            2 * S - 1,
+            2 * S,
+            5 * S,
+            6 * S - 3,
+        ] {
+            let mut counts = std::collections::BTreeMap::new();
+            for _ in 0..100 {
+                let ra = retry_after_secs(wait, S, &mut rng);
+                assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
+                *counts.entry(ra).or_insert(0u32) += 1;
+            }
+            assert!(counts.len() >= 2, "wait {wait}: {counts:?}");
+            assert!(counts.values().all(|&n| n <= 90), "wait {wait}: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn the_jitter_keeps_its_mean_when_rounded_to_whole_seconds() {
+        let mut rng = SplitMix(3);
+        for spread in [S / 4, S, 3 * S / 2, 4 * S] {
+            let n = 20_000u64;
+            let sum: u64 = (0..n)
+                .map(|_| retry_after_secs(S, spread, &mut rng) - 1)
+                .sum();
+            let mean_ms = sum * 1000 / n;
+            let want_ms = spread / 2 / 1_000_000;
+            assert!(
+                mean_ms.abs_diff(want_ms) <= want_ms / 20 + 10,
+                "{spread}: {mean_ms} ms"
+            );
         }
     }
 

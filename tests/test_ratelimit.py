@@ -5,6 +5,8 @@ import json
 import math
 import time
 
+import pytest
+
 import http1
 from harness import Stack, metric
 
@@ -139,6 +141,28 @@ def test_retry_after_is_spread_by_jitter_and_never_early():
             values.append(ra)
         # 100 clients refused at the same instant are not told the same second.
         assert len(set(values)) >= 4, values
+
+
+@pytest.mark.parametrize("rule", [
+    {"name": "bucket", "bucket": {"rate": 1, "period": "1s", "burst": 1}},
+    {"name": "window", "algorithm": "sliding_window", "window": {"limit": 1, "period": "1s"}},
+], ids=["token-bucket", "sliding-window"])
+def test_clients_refused_together_at_the_default_jitter_come_back_spread_out(rule):
+    """100 clients refused within a few milliseconds, default jitter (1 s):
+    waits of a whole second or just under are the common case, and the
+    jitter still spreads them over whole seconds; none is told to come back
+    before it could pass."""
+    with Stack({"rate_limits": [rule]}, concurrency=2) as s:
+        assert http1.get(s.port).status == 200
+        got = [r for batch in http1.burst(s.port, [[http1.build()] for _ in range(100)]) for r in batch]
+        assert statuses(got) == [429] * 100
+        values = []
+        for r in got:
+            ra = int(r.header("retry-after"))
+            assert ra * 1000 >= json.loads(r.body)["retry_after_ms"], (ra, r.body)
+            values.append(ra)
+        counts = {v: values.count(v) for v in set(values)}
+        assert len(counts) >= 2 and max(counts.values()) <= 90, counts
 
 
 def test_grpc_requests_get_resource_exhausted():
