@@ -3,6 +3,7 @@ cannot finish in time is refused at once (504, or gRPC DEADLINE_EXCEEDED);
 a queued request never waits past its deadline; and one that waited goes
 upstream with its deadline reduced by the wait, as the upstream sees it."""
 
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,7 @@ class Echo:
 
     def __init__(self):
         seen = self.seen = []
+        grpc = self.grpc = []
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -29,6 +31,7 @@ class Echo:
             def do_GET(self):
                 time.sleep(int(self.headers.get("x-sleep-ms", "0")) / 1000)
                 seen.append(self.headers.get("x-deadline-ms"))
+                grpc.append(self.headers.get("grpc-timeout"))
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -181,6 +184,10 @@ def test_a_waiting_request_is_answered_once_it_has_only_min_remaining_left():
             waited = time.time() - t
             assert r.status == 504 and r.header("x-sluice-deadline") == "exceeded", (where, r.status, r.headers)
             assert 0.35 <= waited < 0.55, (where, waited)
+            # It says the time it truly had left: min_remaining, less how
+            # late the tick that answered it came.
+            body = json.loads(r.body)
+            assert body["by"] == where and 100 <= body["remaining_ms"] <= 200, (where, body)
             slow.join(timeout=10)
             # Behind one of 300 ms: let in with about 700 of 1,000 ms left.
             echo.seen.clear()
@@ -193,4 +200,29 @@ def test_a_waiting_request_is_answered_once_it_has_only_min_remaining_left():
             assert r.status == 200, (where, r.status)
             sent = [int(v) for v in echo.seen if v is not None]
             assert len(sent) == 1 and 200 < sent[0] <= 900, (where, echo.seen)
+        c.close()
+
+
+def test_every_deadline_header_a_request_carries_is_reduced_by_its_wait():
+    """A request carrying both `grpc-timeout` and `x-deadline-ms` that waits
+    in a queue reaches the upstream with both reduced by the wait, each in
+    its own format: no header the next hop may read overstates the time
+    left."""
+    cfg = {"deadlines": {"headers": ["grpc-timeout", "x-deadline-ms"]},
+           "shedders": [{"name": "q", "concurrency": {"max": 1, "queue": 8, "max_wait": "3s"},
+                         "priority": {"default": "critical"}}]}
+    with Echo() as echo, Stack(cfg, routes=ROUTES, extra_clusters=[("echo", echo.port)]) as s:
+        c = http1.Conn(s.port)
+        slow = hold_the_slot(s.port, 600)
+        echo.seen.clear()
+        echo.grpc.clear()
+        r = c.request("/", {"grpc-timeout": "3000m", "x-deadline-ms": "3000"})
+        slow.join(timeout=10)
+        assert r.status == 200, r.status
+        got = [(g, d) for g, d in zip(echo.grpc, echo.seen) if d is not None]
+        assert len(got) == 1, (echo.grpc, echo.seen)
+        grpc, millis = got[0]
+        assert grpc.endswith("m") and 2000 <= int(grpc[:-1]) <= 2800, got
+        # Both were reduced by the same wait (read within a millisecond).
+        assert abs(int(millis) - int(grpc[:-1])) <= 1, got
         c.close()

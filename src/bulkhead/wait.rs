@@ -126,11 +126,14 @@ impl BulkheadStage {
                 cx.add(d, 1);
             }
             let name = self.bulkheads.rules.get(b).map_or("", |r| &r.spec.name);
-            let status = self.deadlines.as_ref().map_or(504, |d| d.status);
+            let (status, left) = self
+                .deadlines
+                .as_ref()
+                .map_or((504, 0), |d| (d.status, d.left_at(w.until_ms, cx.now_ms())));
             Some(crate::deadline::reply::rejection(
                 &format!("bulkhead/{name}"),
                 status,
-                0,
+                left,
             ))
         } else {
             self.rejection(cx, b)

@@ -45,6 +45,15 @@ impl DeadlineSpec {
         self.remaining_ms(d, waited_ms)
             .saturating_sub(self.min_remaining_ms)
     }
+
+    /// The time a request still has at `now_ms`, when the wait it may
+    /// spend here (`wait_ms`) runs out at `until_ms`: `min_remaining` then,
+    /// more before, less after.
+    pub fn left_at(&self, until_ms: u64, now_ms: u64) -> u64 {
+        until_ms
+            .saturating_add(self.min_remaining_ms)
+            .saturating_sub(now_ms)
+    }
 }
 
 #[derive(Deserialize)]

@@ -22,6 +22,10 @@ pub struct Deadline {
     pub header: String,
     pub format: Format,
     pub remaining_ms: u64,
+    /// The other configured deadline headers the request carries (each
+    /// with what it said): after a wait they are reduced too, so that no
+    /// header the next hop may read overstates the time left.
+    pub also: Vec<(String, Format, u64)>,
 }
 
 impl Deadline {
@@ -30,11 +34,16 @@ impl Deadline {
     /// of seconds, minutes and hours that fits gRPC's 8 digits, rounded
     /// down).
     pub fn reduced(&self, waited_ms: u64) -> String {
-        let left = self.remaining_ms.saturating_sub(waited_ms);
-        match self.format {
-            Format::GrpcTimeout => grpc_timeout(left),
-            Format::Millis => left.to_string(),
-        }
+        reduced(self.format, self.remaining_ms, waited_ms)
+    }
+}
+
+/// A deadline header's value, `remaining_ms` less `waited_ms`, in `format`.
+fn reduced(format: Format, remaining_ms: u64, waited_ms: u64) -> String {
+    let left = remaining_ms.saturating_sub(waited_ms);
+    match format {
+        Format::GrpcTimeout => grpc_timeout(left),
+        Format::Millis => left.to_string(),
     }
 }
 
@@ -52,8 +61,9 @@ fn grpc_timeout(ms: u64) -> String {
 }
 
 /// The request headers a stream that waited `waited_ms` in sluice goes on
-/// with: its deadline header reduced by the wait, when the configuration
-/// propagates deadlines (`spec`) and the request sent one (`d`).
+/// with: every deadline header it carries reduced by the wait, each in its
+/// own format, when the configuration propagates deadlines (`spec`) and the
+/// request sent one (`d`).
 pub fn resume_headers(
     spec: Option<&DeadlineSpec>,
     d: Option<&Deadline>,
@@ -61,26 +71,36 @@ pub fn resume_headers(
 ) -> Vec<(String, String)> {
     match (spec, d) {
         (Some(s), Some(d)) if s.propagate && waited_ms > 0 => {
-            vec![(d.header.clone(), d.reduced(waited_ms))]
+            let mut out = Vec::with_capacity(1 + d.also.len());
+            out.push((d.header.clone(), d.reduced(waited_ms)));
+            for (header, format, remaining_ms) in &d.also {
+                out.push((header.clone(), reduced(*format, *remaining_ms, waited_ms)));
+            }
+            out
         }
         _ => Vec::new(),
     }
 }
 
-/// The first deadline header the request carries that parses.
+/// The request's deadline: the first configured deadline header it
+/// carries that parses, with the others that parse after it (a malformed
+/// one is ignored, as if absent).
 pub fn read(spec: &DeadlineSpec, req: &dyn RequestView) -> Option<Deadline> {
-    spec.headers.iter().find_map(|(header, format)| {
+    let mut found = spec.headers.iter().filter_map(|(header, format)| {
         let v = req.header(header)?;
         let text = crate::request::first_value(&v)?;
         let remaining_ms = match format {
             Format::GrpcTimeout => parse_grpc_timeout(text)?,
             Format::Millis => text.parse::<u64>().ok()?,
         };
-        Some(Deadline {
-            header: header.clone(),
-            format: *format,
-            remaining_ms,
-        })
+        Some((header, *format, remaining_ms))
+    });
+    let (header, format, remaining_ms) = found.next()?;
+    Some(Deadline {
+        header: header.clone(),
+        format,
+        remaining_ms,
+        also: found.map(|(h, f, ms)| (h.clone(), f, ms)).collect(),
     })
 }
 

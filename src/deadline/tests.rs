@@ -67,6 +67,37 @@ fn the_first_deadline_header_that_parses_wins_and_is_reduced_in_its_format() {
 }
 
 #[test]
+fn every_deadline_header_the_request_carries_is_reduced_by_the_wait() {
+    let s = spec(r#"{"deadlines":{"headers":["grpc-timeout","x-deadline-ms"]}}"#);
+    let req = FakeRequest::new("POST", "/s/M")
+        .with_header("grpc-timeout", b"3000m")
+        .with_header("x-deadline-ms", b"3000");
+    let d = read(&s, &req).expect("a deadline");
+    assert_eq!((d.header.as_str(), d.remaining_ms), ("grpc-timeout", 3_000));
+    assert_eq!(
+        resume_headers(Some(&s), Some(&d), 304),
+        vec![
+            ("grpc-timeout".to_string(), "2696m".to_string()),
+            ("x-deadline-ms".to_string(), "2696".to_string()),
+        ]
+    );
+    // Each from its own value, and a malformed one is left as it came.
+    let req = FakeRequest::new("POST", "/s/M")
+        .with_header("grpc-timeout", b"soon")
+        .with_header("x-deadline-ms", b"5000");
+    let d = read(&s, &req).expect("a deadline");
+    assert_eq!(
+        resume_headers(Some(&s), Some(&d), 100),
+        vec![("x-deadline-ms".to_string(), "4900".to_string())]
+    );
+    // Nothing waited, or propagation off: nothing is rewritten.
+    assert_eq!(resume_headers(Some(&s), Some(&d), 0), vec![]);
+    let off =
+        spec(r#"{"deadlines":{"headers":["grpc-timeout","x-deadline-ms"],"propagate":false}}"#);
+    assert_eq!(resume_headers(Some(&off), Some(&d), 100), vec![]);
+}
+
+#[test]
 fn a_queued_request_never_waits_past_its_deadline() {
     let c =
         parse(br#"{"shedders":[{"name":"q","concurrency":{"max":1,"queue":4,"max_wait":"1s"}}]}"#)
@@ -107,6 +138,7 @@ fn a_reduced_grpc_timeout_keeps_to_eight_digits() {
         header: "grpc-timeout".into(),
         format: Format::GrpcTimeout,
         remaining_ms: ms,
+        also: Vec::new(),
     };
     // 99,999,999 ms fits in milliseconds; one more goes to seconds.
     assert_eq!(d(99_999_999).reduced(0), "99999999m");

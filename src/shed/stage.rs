@@ -294,7 +294,7 @@ impl ShedStage {
                         self.deadline_of.remove(&waiter.id);
                         self.shed_other(cx, s, waiter.class, waiter.id)
                     }
-                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id),
+                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id, waiter.deadline_ms),
                 }
             }
         }
@@ -382,9 +382,9 @@ impl ShedStage {
     }
 
     /// Answers a queued stream whose deadline passed while it waited.
-    fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) {
+    fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId, until: Option<u64>) {
         self.deadline_of.remove(&id);
-        let rejection = self.deadline_answer(cx, s);
+        let rejection = self.deadline_answer(cx, s, until);
         cx.effects.push(Effect::Reply {
             stream: id,
             rejection,
@@ -392,8 +392,10 @@ impl ShedStage {
     }
 
     /// The answer to a request whose deadline passes (or, with
-    /// `shed_early`, would pass) in shedder `s`'s queue, counted.
-    fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize) -> Rejection {
+    /// `shed_early`, would pass) in shedder `s`'s queue, counted. `until`
+    /// is when the wait it may spend runs out (`min_remaining` before its
+    /// caller's deadline): the answer says how much time it truly has left.
+    fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize, until: Option<u64>) -> Rejection {
         let name = self
             .shedders
             .rules
@@ -403,7 +405,12 @@ impl ShedStage {
         if let Some(m) = self.deadline_refused {
             cx.add(m, 1);
         }
-        crate::deadline::reply::rejection(&format!("shed/{name}"), status, 0)
+        let remaining_ms = self
+            .deadlines
+            .as_ref()
+            .zip(until)
+            .map_or(0, |(d, until)| d.left_at(until, cx.now_ms()));
+        crate::deadline::reply::rejection(&format!("shed/{name}"), status, remaining_ms)
     }
 
     /// The request's deadline, if the configuration reads deadlines and it
@@ -466,7 +473,7 @@ impl ShedStage {
                 }
                 Arrival::Expired => {
                     self.finish(cx, id);
-                    return Some(Step::Reply(self.deadline_answer(cx, s)));
+                    return Some(Step::Reply(self.deadline_answer(cx, s, until)));
                 }
                 Arrival::Queue { evicted } => {
                     cx.add(self.m(s).queued, 1);
