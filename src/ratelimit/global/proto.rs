@@ -188,6 +188,11 @@ fn status(bytes: &[u8]) -> Result<Status, Malformed> {
             _ => {}
         }
     }
+    // proto3 never writes a zero: a status that states its limit but no
+    // `limit_remaining` has none left (not "unknown").
+    if s.limit.is_some() && s.remaining.is_none() {
+        s.remaining = Some(0);
+    }
     Ok(s)
 }
 

@@ -392,6 +392,54 @@ fn demand_becomes_a_call_and_the_grant_is_spent_exactly() {
     assert_ne!(worker.request(&store, T0 + 220, "other"), Verdict::Allow);
 }
 
+/// `response_of` as proto3 writes it when nothing is left: no
+/// `limit_remaining` field (a zero is never written).
+fn response_with_none_left(code: u64, limit: u64, reset_s: u64) -> Vec<u8> {
+    let full = response_of(code, limit, 0, reset_s);
+    let (head, status) = full.split_at(4);
+    let at = status
+        .windows(2)
+        .position(|w| w == [0x18, 0])
+        .expect("limit_remaining 0");
+    let status = [&status[..at], &status[at + 2..]].concat();
+    let mut out = vec![head[0], head[1], head[2], status.len() as u8];
+    out.extend(status);
+    out
+}
+
+#[test]
+fn a_status_with_a_limit_and_no_remaining_count_has_none_left() {
+    let r = proto::response(&response_with_none_left(1, 100, 30)).expect("decodes");
+    assert_eq!(r.status.limit, Some((100, 3_600_000)));
+    assert_eq!(r.status.remaining, Some(0));
+    // Without a limit either, the remaining count is unknown.
+    let bare = [0x08, 1, 0x12, 2, 0x08, 1];
+    assert_eq!(proto::response(&bare).map(|r| r.status.remaining), Ok(None));
+}
+
+#[test]
+fn after_an_answer_that_leaves_nothing_the_next_call_asks_for_the_dearest_request_only() {
+    let store = MemoryStore::default();
+    let json = config("");
+    let mut l = vm(&json, 1, &store);
+    l.tick(&store, T0);
+    l.request(&store, T0 + 1, "k");
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    assert_eq!(hits_of(&call), 10);
+    let r = l.answer(
+        &store,
+        T0 + 110,
+        &call,
+        Some(response_with_none_left(1, 100, 3_000)),
+    );
+    assert_eq!(r.granted, vec![(0, 10)]);
+    for _ in 0..11 {
+        l.request(&store, T0 + 120, "k");
+    }
+    let call = l.tick(&store, T0 + 200).calls.remove(0);
+    assert_eq!(hits_of(&call), 1, "0 left: one request's cost, not a batch");
+}
+
 #[test]
 fn over_limit_blocks_the_key_until_the_reset_after_a_single_hit_refusal() {
     let store = MemoryStore::default();
