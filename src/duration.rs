@@ -18,6 +18,14 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .ok_or_else(|| format!("`{text}` has no unit (write e.g. \"1s\", \"500ms\", \"0.25s\")"))?;
     let (number, unit) = text.split_at(split);
+    if number.is_empty() {
+        // Nothing before the unit: say what is wrong with the number.
+        return Err(if text.starts_with('-') {
+            format!("`{text}` is negative: a duration is 0 or more")
+        } else {
+            format!("`{text}` does not start with a number such as 1 or 0.25")
+        });
+    }
     let scale = match unit {
         "ms" => NS_PER_MS,
         "s" => NS_PER_S,
@@ -69,13 +77,38 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_or_unsigned_number_is_named_as_such_not_as_a_unit() {
+        for (bad, says) in [
+            ("-1s", "is negative"),
+            ("-0.5ms", "is negative"),
+            (" -1h", "is negative"),
+            ("+1s", "does not start with a number"),
+            ("ms", "does not start with a number"),
+            ("1d", "unknown unit `d`"),
+        ] {
+            let e = parse_duration(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn parses_decimals_as_envoy_users_write_durations() {
         assert_eq!(parse_duration("0.25s"), Ok(250 * NS_PER_MS));
         assert_eq!(parse_duration("1.5s"), Ok(1_500 * NS_PER_MS));
         assert_eq!(parse_duration("0.000000001s"), Ok(1));
         assert_eq!(parse_duration("1.5m"), Ok(90 * NS_PER_S));
         assert_eq!(parse_duration("2.500ms"), Ok(2_500_000));
-        for bad in ["0.0000000001s", ".5s", "1.s", "1.2.3s", "0.5", "1..5s"] {
+        for bad in [
+            "0.0000000001s",
+            ".5s",
+            "1.s",
+            "1.2.3s",
+            "0.5",
+            "1..5s",
+            "-1s",
+            "+1s",
+            "s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
