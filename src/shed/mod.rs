@@ -848,13 +848,13 @@ impl Shedders {
     /// a fall. A batch merged on the slow tick may span up to 100 ms, and
     /// an interval with such a batch cannot count the rate
     /// (`adaptive::RATE_SPANS`): its latency alone, which lags the limit,
-    /// then decides. A worker without waiters used to merge so in about a
-    /// fifth of the intervals of `bench/overload.py`, in some rounds
-    /// nearly all: the limit shrank from 13 to 7 on 8 slots, and floor
-    /// measurements started from such intervals held 6 on 8 slots. Not
+    /// then decides. Merged on the slow tick, about a fifth of the
+    /// intervals of `bench/overload.py` would go so, in some rounds nearly
+    /// all: the limit shrinks from 13 to 7 on 8 slots, and floor
+    /// measurements started from such intervals hold 6 on 8 slots. Not
     /// while the limit is partly used: a worker serving one request at a
     /// time would then pay a tick per response (+24% instructions per
-    /// request, `bench/results/sample-tick-side-by-side.md`).
+    /// request in `rl_shed_auto`).
     pub fn merge_soon(&self) -> bool {
         self.local.iter().any(|l| l.full && l.samples.count > 0)
     }
@@ -1136,7 +1136,8 @@ impl Shedders {
         w: Waiter,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
-        let by_class = self.rules.get(s).is_some_and(|r| r.spec.shares.is_none());
+        let shares = self.rules.get(s).and_then(|r| r.spec.shares);
+        let by_class = shares.is_none();
         let Some(l) = self.local.get_mut(s) else {
             return Arrival::Shed;
         };
@@ -1148,15 +1149,8 @@ impl Shedders {
         }
         let mut evicted = None;
         if l.queues.iter().map(VecDeque::len).sum::<usize>() >= conc.queue as usize {
-            // Full: make room by shedding the newest waiter of a lower class.
-            let victim = l
-                .queues
-                .iter_mut()
-                .take(w.class as usize)
-                .find(|q| !q.is_empty());
-            let popped = victim.and_then(VecDeque::pop_back);
             l.codel.shed(w.since_ms);
-            match popped {
+            match full_queue_victim(&mut l.queues, &w, shares) {
                 Some(v) => evicted = Some(v),
                 None => return Arrival::Shed,
             }
@@ -1375,4 +1369,29 @@ impl Shedders {
         let delay = reported_ms.unwrap_or(latency_ms.saturating_sub(floor));
         self.observe(s, now_ms, delay);
     }
+}
+
+/// Makes room in a full queue for `w`: takes out and returns the waiter to
+/// shed in its place, or `None` when `w` itself is the one to shed.
+/// By priority (no `shares`): the newest waiter of the lowest class below
+/// `w`'s. With shares: the waiter that would be served last, the latest
+/// turn (a class's newest, as turns grow along its queue), unless `w`'s
+/// own turn is as late. Shedding by turn keeps each class's waiters in
+/// proportion to its share; shedding the lowest class first would keep it
+/// out of a full queue, and below its share.
+fn full_queue_victim(
+    queues: &mut [VecDeque<Waiter>; 3],
+    w: &Waiter,
+    shares: Option<[u32; 3]>,
+) -> Option<Waiter> {
+    let victim = if shares.is_some() {
+        queues
+            .iter_mut()
+            .filter(|q| q.back().is_some_and(|b| b.turn_ms > w.turn_ms))
+            .max_by_key(|q| q.back().map(|b| b.turn_ms))
+    } else {
+        let mut lower = queues.iter_mut().take(w.class as usize);
+        lower.find(|q| !q.is_empty())
+    };
+    victim.and_then(VecDeque::pop_back)
 }

@@ -1220,6 +1220,7 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
 }
 
 /// What a closed loop of retrying clients got (see `retrying_loop`).
+#[derive(Debug)]
 struct LoopStats {
     admitted: [u32; 3],
     /// How long each admitted request waited (ms).
@@ -1300,6 +1301,26 @@ fn shed_early_keeps_the_shares_and_cuts_the_waits() {
     let got_late = retrying_loop(late, SHARES);
     assert_shares(&got_late.admitted, [15, 35, 50]);
     assert!(got_late.shed_waiting > 10 * got_late.shed_on_arrival);
+}
+
+#[test]
+fn shares_hold_with_the_default_queue_when_it_is_full() {
+    const SHARES: &str = r#""shares":{"critical":50,"default":35,"sheddable":15}"#;
+    // 48 clients on a limit of 4: the default queue (4 x max = 16) is full
+    // all the time. A full queue sheds the waiter served last (the latest
+    // turn), so each class keeps waiters in proportion to its share.
+    let got = retrying_loop_on(r#""max_wait":"1s""#, SHARES, 1);
+    assert!(got.shed_on_arrival > 1_000, "the queue is full: {got:?}");
+    assert_shares(&got.admitted, [15, 35, 50]);
+    // Across two workers each worker's queue is full on its own, and
+    // turns are set by the newest waiter of a class on any worker: the
+    // smallest share still gets its share (it got none when a full queue
+    // shed the lowest class first), the larger two come within 10 points.
+    let got = retrying_loop_on(r#""max_wait":"1s""#, SHARES, 2);
+    let total: u32 = got.admitted.iter().sum();
+    let pct: Vec<u32> = got.admitted.iter().map(|a| 100 * a / total).collect();
+    assert!((13..=20).contains(&pct[0]), "{got:?}");
+    assert!(pct[1] + 10 >= 35 && pct[2] <= 60, "{got:?}");
 }
 
 /// Admissions by class (sheddable, default, critical) within 2 points of
@@ -1862,8 +1883,9 @@ fn spread_run(critical: (usize, usize), default: (usize, usize)) -> (u32, u32) {
 
 #[test]
 fn shares_hold_however_a_class_is_spread_over_the_workers() {
-    // From an outside review: a class waiting on both workers got twice
-    // the turns of a class waiting on one (67/33 for shares of 50/50).
+    // A class waiting on both workers must not get twice the turns of a
+    // class waiting on one (67/33 for shares of 50/50, were each worker to
+    // keep its own turns).
     for (critical, default) in [
         ((2, 2), (2, 0)),
         ((4, 0), (1, 1)),
