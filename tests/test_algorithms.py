@@ -136,7 +136,7 @@ def test_shaping_spaces_a_burst_of_500_to_the_rate_at_the_upstream():
         # Evenly spaced: closer pairs only where a release was late (a
         # worker's tick delayed on a loaded runner; the next request then
         # leaves on time, close behind it): 16 of 499 in one fresh-clone
-        # run, against a bound of 10 before session 22. A pacer that
+        # run on a loaded machine. A pacer that
         # released two per turn would make half of them close, and the
         # check above would already find every later arrival early.
         gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:]))

@@ -327,8 +327,7 @@ def connections_on_workers(port, envoy, want):
 def test_shares_hold_however_each_class_is_spread_over_the_workers():
     """Shares 50/50 under overload from clients held on chosen workers: a
     class whose clients sit on both workers gets no more than one whose
-    clients sit on one (an outside review measured 67/33 when each worker
-    kept its own turns)."""
+    clients sit on one (67/33 were each worker to keep its own turns)."""
     config = {"shedders": [{"name": "api", "priority": {"header": "x-priority",
               "shares": {"critical": 50, "default": 50, "sheddable": 0}},
               "concurrency": {"max": 2, "queue": 100, "max_wait": "2s"}}]}

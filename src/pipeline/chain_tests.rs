@@ -1,7 +1,6 @@
 //! Shedders in a chain, through the whole pipeline: a stream that waits at
 //! one shedder passes the later ones when it leaves the queue, with its
-//! deadline header reduced by its waits exactly once, and nothing leaks
-//! (from an outside review's harness).
+//! deadline header reduced by its waits exactly once, and nothing leaks.
 
 use super::telemetry::Recorder;
 use super::*;

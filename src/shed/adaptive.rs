@@ -510,9 +510,9 @@ impl Auto {
     ///   difference). An upstream whose own time varies widely (the reason
     ///   to measure) averages several times its lowest latency before the
     ///   hold: 8 slots, 80% of responses in 5 ms and 20% in 200 ms, 8.8
-    ///   times, against 1.56 allowed. Without this condition (session 20)
-    ///   such an upstream's first responses back, the fast ones, ended its
-    ///   measurements early and left it less used.
+    ///   times, against 1.56 allowed. Without this condition such an
+    ///   upstream's first responses back, the fast ones, would end its
+    ///   measurements early and leave it less used.
     fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>, avg: u64) -> bool {
         let needed = self.measure_limit.saturating_mul(2).max(EARLY_SAMPLES);
         let Some(low) = low else {
@@ -917,11 +917,10 @@ mod tests {
     #[test]
     fn the_rate_of_responses_is_not_used_when_samples_come_in_late_batches() {
         // A worker merges its samples on the 100 ms tick while the limit
-        // is not in full use (and did so, before session 25, whenever it
-        // had no waiters): a batch may hold a whole interval's responses
-        // from before it, and batches land unevenly. Counted as the
-        // interval's rate, every overcount made the limit grow (to 29-36
-        // for 16 slots in a review's simulation); the latency alone keeps
+        // is not in full use: a batch may hold a whole interval's
+        // responses from before it, and batches land unevenly. Counted as
+        // the interval's rate, every overcount would make the limit grow
+        // (to 29-36 for 16 slots in a simulation); the latency alone keeps
         // it within its tolerance (up to 21.3 here, and one √limit step
         // over it).
         let mut sim = Sim::new(16);

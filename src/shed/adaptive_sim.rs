@@ -3,9 +3,9 @@
 //! under a demand above any limit, in 1 ms steps: latency runs from
 //! admission to response, so it lags the limit as in Envoy (a response
 //! may have waited behind what a larger limit let in before), and each
-//! worker reads the limit back on its own tick. From an outside review;
-//! it found a measured floor that took a queue for the upstream's own
-//! time and ran the limit up to its maximum.
+//! worker reads the limit back on its own tick. It catches a measured
+//! floor that takes a queue for the upstream's own time and runs the
+//! limit up to its maximum.
 
 #[cfg(test)]
 use super::adaptive::STUCK_RUN;
@@ -245,11 +245,10 @@ mod tests {
         // Steady, noisy, long-tailed, faster and slower than an interval,
         // and a minimum over the capacity: the upstream is kept busy, the
         // queue at it stays within the tolerance's share of its capacity,
-        // and the limit never runs away. (An outside review measured the
-        // first build of the measured floor running up to the maximum,
-        // a queue of 990, with 8 slots of 80 ± 70 ms, 200 ± 100 ms or
-        // exponential 30 ms; and every build before with 4 slots of a
-        // steady 200 ms.)
+        // and the limit never runs away (a floor that takes a queue for the
+        // upstream's own time runs up to the maximum, a queue of 990, with
+        // 8 slots of 80 ± 70 ms, 200 ± 100 ms or exponential 30 ms, or 4
+        // slots of a steady 200 ms).
         for (cap, dist, min) in [
             (4, Dist::Uniform(20_000, 0), 1),
             (2, Dist::Uniform(20_000, 0), 1),
@@ -340,9 +339,9 @@ mod tests {
     fn a_few_very_fast_responses_among_slow_ones_do_not_run_the_limit_away() {
         // 4 slots, 5% of responses in 1 ms and the rest in 200 ms: the
         // lowest latency is next to nothing. With intervals twice the
-        // average latency (before session 17), one seed in ten ran the
-        // limit to 260 with a queue of 72 at the upstream (a review's
-        // simulation); with intervals twice the floor, at most 15.
+        // average latency, one seed in ten would run the limit to 260 with
+        // a queue of 72 at the upstream; with intervals twice the floor,
+        // at most 15.
         for seed in 1..=10 {
             let mut d = Des::new(spec(), 4, Dist::Bimodal(1_000, 200_000, 5), &[1, 100], seed);
             d.run(60_000);
@@ -365,10 +364,10 @@ mod tests {
         // The bench's upstream (bench/overload.py): 4 slots, then 8, then
         // 2, 5 s each, from a fresh entry at `initial: 4`. Each phase after
         // its first half second is served near its capacity and never over
-        // it: before session 22 the simulation started a queued request on
-        // every response whatever the capacity, so a drop from 8 slots to
-        // 2 served the queue of the 8 for as long as it stood (727
-        // responses in 4.5 s, against 391 at most).
+        // it. The simulation starts a queued request only when the
+        // capacity has room: one started on every response would serve
+        // the queue of the 8 after a drop to 2 for as long as it stood
+        // (727 responses in 4.5 s, against 391 at most).
         let spec = AdaptiveSpec {
             min: 1,
             max: 64,
@@ -396,10 +395,10 @@ mod tests {
     fn a_measurement_of_a_bimodal_upstream_is_not_ended_early_by_its_fast_responses() {
         // 8 slots whose responses take 5 ms or 200 ms (80 / 20%), and 10 ms
         // or 300 ms (90 / 10%): a measurement's first responses back are
-        // the fast ones. Ended early on them alone (session 20's 9484ed4,
-        // reverted), the first upstream's least used seed of ten fell from
-        // 52% to 41%; a measurement ends early only if the interval before
-        // it averaged what a steady upstream does ([`Auto::finds_nothing`]).
+        // the fast ones. Ended early on them alone, the first upstream's
+        // least used seed of ten falls from 52% to 41%; a measurement ends
+        // early only if the interval before it averaged what a steady
+        // upstream does ([`Auto::finds_nothing`]).
         // (The second upstream's seeds came out the same either way here,
         // 38% to 65% used: its bound guards against a regression only.)
         let spec = AdaptiveSpec { min: 1, ..spec() };
