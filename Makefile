@@ -129,6 +129,8 @@ container-deps:
 	@command -v dockerd >/dev/null || (apt-get update && apt-get install -y docker.io)
 
 lint: .tools/targets
+	python3 scripts/check_docs.py
+	python3 bench/report.py --check
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features schema -- -D warnings
@@ -162,23 +164,31 @@ oci: build
 # interleaved rounds on localhost, then refused requests per second (sluice
 # vs native, every request refused), then goodput under overload and under a
 # retry storm (with and without a retry budget), about 9 minutes; writes
-# bench/results/latest.{json,md}. `make bench BENCH_ARGS=--breakdown` runs
+# bench/results/latest.* and retry-storm.*. `make bench BENCH_ARGS=--breakdown` runs
 # the hot-path breakdown instead (bench/results/breakdown.{json,md});
 # BENCH_ARGS=--retry-storm only the retry storm (bench/results/retry-storm.*).
-# Then bench/overload.py (see bench-overload) and bench/global.py (see
-# bench-global).
+# Then bench/overload.py (see bench-overload), bench/global.py (see
+# bench-global) and the results table of docs/performance.md (bench-report).
 BENCH_ARGS ?=
 bench: build $(ENVOY) rls-release
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/overload.py
 	$(PY) bench/global.py
+	python3 bench/report.py
+
+# The results table of docs/performance.md, generated from the current
+# result of each benchmark (bench/results/*.json); `make lint` checks it.
+.PHONY: bench-report
+bench-report:
+	python3 bench/report.py
 
 # Overload control side by side (bench/overload.py, also run by `make bench`):
 # sluice's adaptive limit vs Envoy's adaptive_concurrency, graded breaking vs
 # admission_control, on an upstream whose capacity and error rate change.
 bench-overload: build $(ENVOY)
 	$(PY) bench/overload.py
+	python3 bench/report.py
 
 # Global rate limiting side by side (bench/global.py, also run by `make
 # bench`): Envoy's native ratelimit filter (one call per request) vs a sluice
@@ -191,6 +201,7 @@ bench-overload: build $(ENVOY)
 bench-global: build $(ENVOY) rls-release
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/global.py $(BENCH_ARGS)
+	python3 bench/report.py
 
 # Memory per sidecar (bench/memory.py): the front Envoy's RSS at
 # --concurrency 2 with no filter, a minimal Rust proxy-wasm filter
@@ -199,8 +210,10 @@ bench-global: build $(ENVOY) rls-release
 bench-memory: build $(ENVOY)
 	cd bench/minimal && cargo build --release --target wasm32-wasip1
 	$(PY) bench/memory.py $(BENCH_ARGS)
+	python3 bench/report.py
 
 # Instructions per request under valgrind: deterministic, unlike CPU time.
 bench-instructions: build $(ENVOY) rls
 	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
 	$(PY) bench/instructions.py $(BENCH_ARGS)
+	python3 bench/report.py

@@ -15,7 +15,9 @@ Real Envoys only (tests/harness.py starts them as children, each with its own
 --base-id and ports, and stops them), real wrk, the built sluice.wasm.
 Everything is bounded in time and stops by itself. Results go to
 bench/results/<name>.json and .md (default name `latest`, `breakdown` for
---breakdown).
+--breakdown); the default run also writes the retry storm's own
+bench/results/retry-storm.{json,md}. Each JSON records the build and machine
+it measured (bench/provenance.py).
 
 Figures from a shared 2-core machine are noisy: quote the ratios of one run,
 not absolute numbers.
@@ -46,6 +48,7 @@ if "ENVOY_BIN" not in os.environ:
 
 import harness  # noqa: E402
 import http1  # noqa: E402
+import provenance  # noqa: E402  (bench/, beside this file)
 from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
 
 RESULTS = ROOT / "bench/results"
@@ -710,6 +713,7 @@ def main():
         sys.exit("wrk not found: apt-get install -y wrk (make bench does this)")
     if not harness.WASM.exists():
         sys.exit(f"{harness.WASM} not found: make build")
+    provenance.start(harness.WASM)
     wasm_size = harness.WASM.stat().st_size
     info = env_info(args, wasm_size)
     started = time.time()
@@ -726,8 +730,8 @@ def main():
             print(f"Breakdown: {len(BREAKDOWN)} scenarios x {args.rounds} rounds at --concurrency 1, interleaved")
             rows = interleaved(BREAKDOWN, [1], args.rounds, up_port, args, tmp)
             agg = aggregate(rows, BREAKDOWN, [1])
-            result = {"info": info, "mode": "breakdown", "rounds": rows, "summary": agg,
-                      "elapsed_s": time.time() - started}
+            result = {"info": info, **provenance.record(harness.WASM), "mode": "breakdown", "rounds": rows,
+                      "summary": agg, "elapsed_s": time.time() - started}
             write_breakdown(name, result)
             return
 
@@ -775,7 +779,7 @@ def main():
     storm = retry_storm.run()
 
     g = goals(agg, pagg, acc, exact, {"paced": prows, "saturated": rows}, ragg)
-    result = {"info": info, "mode": "default", "overload": over, "retry_storm": storm, "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
+    result = {"info": info, **provenance.record(harness.WASM), "mode": "default", "overload": over, "retry_storm": storm, "scenarios": [{k: v for k, v in sc.items() if k != "filters"}
                                                             for sc in SCENARIOS],
               "summary": agg, "paced_summary": pagg, "accuracy": acc, "exactness": exact, "goals": g,
               "refusals": ragg, "refusal_rounds": rrows,
@@ -792,6 +796,7 @@ def main():
               f"(target {x['target']})" + (f"  -- {x['note']}" if x["note"] else ""))
     print(f"\nsluice.wasm {wasm_size} bytes; total {result['elapsed_s']:.0f} s")
     write_default(name, result)
+    retry_storm.write(storm)
 
 
 def write_default(name, r):
@@ -804,6 +809,7 @@ def write_default(name, r):
           f"concurrency, a fresh front Envoy per round; medians shown",
           f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build` from commit {i['git_commit']}"
           + (" plus uncommitted changes under src/" if i.get("src_uncommitted_changes") else ""),
+          provenance.markdown(r),
           f"- Machine: {i['cpus']} CPUs, shared; load average {i['load_average_at_start'][0]:.2f} at start. "
           "**Absolute numbers are noise: quote the ratios of one run.**",
           f"- Whole run: {r['elapsed_s']:.0f} s", ""]
@@ -895,6 +901,7 @@ def write_breakdown(name, r):
           f"- {i['rounds']} interleaved rounds of {i['round_s']} s (+{i['warmup_s']} s warm-up), medians; "
           f"sluice.wasm {i['wasm_bytes']} bytes (commit {i['git_commit']}"
           + (" plus uncommitted changes under src/)" if i.get("src_uncommitted_changes") else ")"),
+          provenance.markdown(r),
           "- Buckets never refuse; no response headers except in (d) and (d2). Each step is compared with "
           "the configuration it adds one thing to; the x8 rows add 7 identical rules, so their cost per "
           "extra rule is resolved 7 times better than a single step's. CPU µs/req is the front Envoy's "

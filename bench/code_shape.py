@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (also puts tests/ on the path)
 import memory  # noqa: E402
+import provenance  # noqa: E402
 from harness import Envoy, free_port, upstream_bootstrap  # noqa: E402
 
 MINIMAL_SRC = bench.ROOT / "bench/minimal"
@@ -118,15 +119,19 @@ def main():
         lines.append(f"| {name} | {what} | {sizes[name]:,} | {m['VmRSS'] / 1024:.1f} | "
                      f"{(m['VmRSS'] - base) / 1024:+.1f} | {m.get('envoy_allocated', 0) / 1024:.1f} | "
                      + ", ".join(f"{r['VmRSS'] / 1024:.1f}" for r in results[name]) + " |")
+    # No sluice here: the modules are the minimal filter and its generated
+    # variants (their sizes are under `bytes`), so only the machine is recorded.
+    rec = provenance.record(wasm=None)
     md = [f"# What code costs in memory ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})", "",
           f"- bench/code_shape.py: front Envoy `--concurrency {args.concurrency}`, VmRSS after "
           f"{args.requests} requests, {args.rounds} interleaved rounds, a fresh Envoy each; medians",
           "- Differences of 1 MB or less are noise",
+          provenance.markdown(rec),
           f"- Whole run: {time.time() - started:.0f} s", "", "\n".join(lines), ""]
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
     (bench.RESULTS / f"{args.out}.md").write_text("\n".join(md))
     (bench.RESULTS / f"{args.out}.json").write_text(
-        json.dumps({"median_kib": med, "bytes": sizes, "args": vars(args)}, indent=1) + "\n")
+        json.dumps({"median_kib": med, "bytes": sizes, "args": vars(args), **rec}, indent=1) + "\n")
     print("\n" + "\n".join(lines))
     print(f"wrote bench/results/{args.out}.json and {args.out}.md")
 

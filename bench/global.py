@@ -53,6 +53,7 @@ os.environ.setdefault("SLUICE_RLS_BIN", str(Path(__file__).resolve().parent.pare
                                             / "rls/target/release/sluice-rls"))
 import bench  # noqa: E402  (puts tests/ on sys.path; the real Envoy binary)
 import harness  # noqa: E402
+import provenance  # noqa: E402
 from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
 from rls import RLS_BIN, RlsServer, limited_route, ratelimit_filter, rls_cluster  # noqa: E402
 
@@ -324,6 +325,7 @@ def write(result):
           f"each one request {PACED_DELAY_MS} ms after the previous answer); medians shown",
           f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build` from commit {i['git_commit']}"
           + (" plus uncommitted changes under src/" if i.get("src_uncommitted_changes") else ""),
+          provenance.markdown(result),
           f"- Machine: {i['cpus']} CPUs, shared; load average {i['load_average_at_start'][0]:.2f} at start. "
           "**Absolute numbers are noise: quote the ratios of one run.**",
           f"- Whole run: {result['elapsed_s']:.0f} s", "",
@@ -368,6 +370,7 @@ def main():
         sys.exit("wrk not found: apt-get install -y wrk (make bench does this)")
     if not harness.WASM.exists():
         sys.exit(f"{harness.WASM} not found: make build")
+    provenance.start(harness.WASM)
     if not RLS_BIN.exists():
         sys.exit(f"{RLS_BIN} not found: make rls-release (or SLUICE_RLS_BIN=<a sluice-rls binary>)")
     info = bench.env_info(args, harness.WASM.stat().st_size)
@@ -403,7 +406,7 @@ def main():
                 print("  warning: the global arm made no calls to the service while serving requests", flush=True)
     summary = summarize(rows, arms)
     g = goals(summary, rows)
-    result = {"info": info, "arms": arms, "limits": LIMITS,
+    result = {"info": info, **provenance.record(harness.WASM), "arms": arms, "limits": LIMITS,
               "summary": summary, "goals": g, "rounds": rows, "elapsed_s": time.time() - started}
     print("\n" + table(summary))
     print("\nGoals")

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
+import provenance  # noqa: E402
 from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
 from rls import RlsServer, rls_cluster  # noqa: E402
 
@@ -236,6 +237,7 @@ def main():
     if not shutil.which("valgrind"):
         sys.exit("valgrind not found: apt-get install -y valgrind (make bench-instructions does this)")
     variants = bench.parse_variants(args.variants or [f"sluice={harness.WASM}"])
+    provenance.start(*(path for _, path in variants))
     wanted = args.scenarios.split(",")
     unknown = set(wanted) - {s[0] for s in SCENARIOS}
     if unknown:
@@ -304,12 +306,16 @@ def write(name, rows, variants, started, args):
             + (f"{r['added_vs_native_added']:.1f}x" if "added_vs_native_added" in r else "") + " | "
             + (f"{r['vs_first_build']:+,.0f}" if "vs_first_build" in r else "") + " | "
             + f"{r['rps_under_valgrind']:.0f} |")
+    # The date lets bench/report.py take each scenario from the latest file
+    # that counted it (a full run, or a subset written with --out).
+    rec = dict(provenance.record(variants=variants), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     md = [f"# sluice: instructions per request ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})", "",
           f"- {vg} (callgrind) counting every instruction of the front Envoy (--concurrency 1), "
           f"{args.requests} requests after {args.warmup} of warm-up, one keep-alive connection, "
           "`direct_response` upstream",
           "- builds: " + ", ".join(f"`{n}` = {Path(p).name} ({Path(p).stat().st_size} bytes)" for n, p in variants)
           + f"; commit {commit}",
+          provenance.markdown(rec),
           "- Deterministic to about 1% between runs, whatever the machine's load. Work done per unit of "
           "time (the 100 ms tick, a breaker's 20 ms merge) is overstated: Envoy runs some 50x slower "
           "under valgrind, so fewer requests share it.",
@@ -321,7 +327,7 @@ def write(name, rows, variants, started, args):
             print(md[-1])
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
     (bench.RESULTS / f"{name}.md").write_text("\n".join(md))
-    (bench.RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "variants": variants}, indent=1) + "\n")
+    (bench.RESULTS / f"{name}.json").write_text(json.dumps({"rows": rows, "variants": variants, **rec}, indent=1) + "\n")
     print("\n" + "\n".join(lines))
     print(f"wrote bench/results/{name}.json and {name}.md")
 

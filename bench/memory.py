@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
+import provenance  # noqa: E402
 from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
 
 MINIMAL = bench.ROOT / "bench/minimal/target/wasm32-wasip1/release/minimal.wasm"
@@ -123,6 +124,7 @@ def main():
     if not MINIMAL.exists():
         sys.exit(f"{MINIMAL} not found: make bench-memory builds it")
     variants = bench.parse_variants(args.variants or [f"sluice={harness.WASM}"])
+    provenance.start(*(path for _, path in variants))
     scenarios = [("none", "no filter", None, []),
                  ("minimal", f"minimal proxy-wasm filter ({MINIMAL.stat().st_size:,} bytes)", None, [minimal_filter()])]
     for vname, wasm in variants:
@@ -159,6 +161,7 @@ def main():
                      f"{r['over_minimal_mb']:+.1f} | {m['RssAnon'] / 1024:.1f} | {m['RssFile'] / 1024:.1f} | "
                      + (f"{m['envoy_allocated'] / 1024:.1f}" if "envoy_allocated" in m else "") + " | "
                      + ", ".join(f"{x:.1f}" for x in r["rss_mb_rounds"]) + " |")
+    rec = provenance.record(variants=variants)
     md = [f"# sluice: memory per sidecar ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())})", "",
           f"- front Envoy `--concurrency {args.concurrency}`, VmRSS after {args.requests} requests over "
           f"{args.connections} keep-alive connections (`direct_response` upstream), {args.rounds} interleaved "
@@ -166,10 +169,11 @@ def main():
           "- Envoy's own heap: `allocated` of the admin `/memory` endpoint (V8's heaps and wasm memories "
           "are outside it)",
           "- Differences of 1 MB or less are noise (V8 and the allocator grow in chunks)",
+          provenance.markdown(rec),
           f"- Whole run: {time.time() - started:.0f} s", "", "\n".join(lines), ""]
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
     (bench.RESULTS / f"{args.out}.md").write_text("\n".join(md))
-    (bench.RESULTS / f"{args.out}.json").write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1) + "\n")
+    (bench.RESULTS / f"{args.out}.json").write_text(json.dumps({"rows": rows, "args": vars(args), **rec}, indent=1) + "\n")
     print("\n" + "\n".join(lines))
     print(f"wrote bench/results/{args.out}.json and {args.out}.md")
 

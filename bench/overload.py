@@ -29,6 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import provenance  # noqa: E402
 from harness import CapacityUpstream, Envoy, free_port, front_bootstrap, wasm_filter  # noqa: E402
 from test_adaptive import Load  # noqa: E402
 
@@ -91,16 +94,16 @@ def early(max_wait):
          "adaptive": {"min": 1, "max": 64, "initial": 4}}, shares=SHARES)))
 
 
-# The configuration the goal is judged on (20 ms since waiters on another
-# worker are woken at once when a slot frees: before, 30 ms).
+# The configuration the goal is judged on. A waiter on another worker is
+# woken as soon as a slot frees, so a `max_wait` of 20 ms keeps the upstream
+# as busy as 30 ms (run beside it) at a lower p99.
 GOAL_SETUP = early("20ms")
 ADAPTIVE_SETUPS += [early("30ms"), GOAL_SETUP]
 # Judged in rounds, native and GOAL_SETUP alternating (medians), since a
 # single run's p99 moves by 10-20 ms on this machine, and native's worst
 # class's by up to 40 ms (65 to 106 ms over three runs of 3 rounds). Nine
-# since session 16, decided before its run: the median goodput of five
-# rounds moved by about 1/s from run to run, more than the difference
-# between the two filters.
+# rounds, not five: the median goodput of five rounds moved by about 1/s
+# from run to run, more than the difference between the two filters.
 GOAL_ROUNDS = 9
 # A class counts as at its share within this many points of the goodput.
 SHARE_SLACK = 2
@@ -330,9 +333,9 @@ def paired_goodput(rounds):
 
 
 # A round where the host took more than this share of the machine's CPU
-# from either filter's run counts as disturbed (in session 23's traced
-# rounds, the two runs that fell 8/s or more below the others of their
-# filter had 17 and 18%, the other 34 runs 0 to 8%).
+# from either filter's run counts as disturbed (in traced rounds, the two
+# runs that fell 8/s or more below the others of their filter had 17 and
+# 18% stolen, the other 34 runs 0 to 8%).
 STEAL_DISTURBED_PCT = 10
 
 
@@ -379,10 +382,12 @@ def cpu_cell(r):
 
 def write(adaptive, breakers, goals=None, name="overload"):
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"adaptive": adaptive, "goals": goals, "breakers": breakers},
-                                                     indent=1))
+    rec = provenance.record(harness.WASM)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"adaptive": adaptive, "goals": goals, "breakers": breakers,
+                                                      **rec}, indent=1))
     lines = ["# Overload control side by side", "",
              "Written by `bench/overload.py` (part of `make bench`). One run, one machine, 2 Envoy workers.", "",
+             provenance.markdown(rec), "",
              "## Adaptive concurrency (capacity 4 -> 8 -> 2, 5 s each, 20 ms service, 32 clients)", "",
              "Goal: sluice `auto` admitted p99 at or below native's with at least native's goodput, "
              "and no class below its share.", "",
@@ -519,6 +524,7 @@ def ceiling_line(goal):
 
 
 def main():
+    provenance.start(harness.WASM)
     print("Adaptive concurrency, side by side:", flush=True)
     adaptive = run_adaptive()
     print(f"The goal, native and {GOAL_SETUP[0]} in {GOAL_ROUNDS} rounds:", flush=True)

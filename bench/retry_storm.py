@@ -21,7 +21,8 @@ at the end.
 
     python bench/retry_storm.py     # writes bench/results/retry-storm.{json,md}
 
-`make bench` runs it too, at the end of its default run.
+`make bench` runs it too, at the end of its default run, and writes the same
+files.
 """
 
 import json
@@ -32,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (also puts tests/ on the path)
+import harness  # noqa: E402
 import http1  # noqa: E402
+import provenance  # noqa: E402
 from harness import Envoy, SlowUpstream, free_port, front_bootstrap, wasm_filter  # noqa: E402
 
 CAPACITY, DELAY_MS = 2, 25  # about 80 requests per second
@@ -176,16 +179,23 @@ def describe():
             "they started in.")
 
 
-def main():
-    rows = run()
-    md = markdown(rows)
-    print("\n" + md)
+def write(rows):
+    """bench/results/retry-storm.{json,md}, with the build and machine measured."""
+    rec = provenance.record(harness.WASM)
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
-    (bench.RESULTS / "retry-storm.json").write_text(json.dumps({"rows": rows, "setup": describe()}, indent=1) + "\n")
+    (bench.RESULTS / "retry-storm.json").write_text(
+        json.dumps({"rows": rows, "setup": describe(), **rec}, indent=1) + "\n")
     (bench.RESULTS / "retry-storm.md").write_text(
         f"# Retry storm: goodput with and without a retry budget ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
-        f"\n\n{describe()}\n\n{md}\n")
+        f"\n\n{provenance.markdown(rec)}\n\n{describe()}\n\n{markdown(rows)}\n")
     print("wrote bench/results/retry-storm.json and retry-storm.md")
+
+
+def main():
+    provenance.start(harness.WASM)
+    rows = run()
+    print("\n" + markdown(rows))
+    write(rows)
 
 
 if __name__ == "__main__":
