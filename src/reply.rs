@@ -292,6 +292,50 @@ mod tests {
         }
     }
 
+    /// Every mechanism's refusal, 100 clients at once at the default jitter
+    /// (1 s): spread over whole seconds, none of them early.
+    #[test]
+    fn every_kind_of_refusal_spreads_clients_refused_together() {
+        type Make = fn(&mut SplitMix) -> Rejection;
+        let kinds: [(&str, u64, Make); 6] = [
+            ("shedder", S, |r| {
+                crate::shed::reply::rejection("s", "default", 503, S, r)
+            }),
+            ("bulkhead", S, |r| {
+                crate::bulkhead::reply::rejection("b", 1, 429, S, r)
+            }),
+            ("retry budget", S, |r| {
+                crate::retry::reply::rejection("r", 429, S, r)
+            }),
+            ("breaker open", 5 * S, |r| {
+                crate::breaker::reply::rejection("c", 503, 5_000, false, S, r)
+            }),
+            ("breaker half-open", S - 3_000_000, |r| {
+                crate::breaker::reply::rejection("c", 503, 997, true, S, r)
+            }),
+            ("breaker throttled", S, |r| {
+                crate::breaker::reply::throttled("c", 503, 500, S, r)
+            }),
+        ];
+        let mut rng = SplitMix(11);
+        for (kind, wait_ns, make) in kinds {
+            let mut counts = std::collections::BTreeMap::new();
+            for _ in 0..100 {
+                let r = make(&mut rng);
+                let ra: u64 = r
+                    .headers
+                    .iter()
+                    .find(|(h, _)| *h == "retry-after")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .expect("a Retry-After");
+                assert!(ra * S >= wait_ns, "{kind}: {ra}");
+                *counts.entry(ra).or_insert(0u32) += 1;
+            }
+            assert!(counts.len() >= 2, "{kind}: {counts:?}");
+            assert!(counts.values().all(|&n| n <= 90), "{kind}: {counts:?}");
+        }
+    }
+
     #[test]
     fn the_jitter_keeps_its_mean_when_rounded_to_whole_seconds() {
         let mut rng = SplitMix(3);
