@@ -665,10 +665,6 @@ def env_info(args, wasm_size):
         "load_generator": wrk_version(),
         "wasm": str(harness.WASM.relative_to(ROOT)) if harness.WASM.is_relative_to(ROOT) else str(harness.WASM),
         "wasm_bytes": wasm_size,
-        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-        "src_uncommitted_changes": bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
-                                                       capture_output=True, text=True).stdout.strip()),
         "round_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
         "wrk": f"wrk -t1 -c{args.connections} -d{args.duration}s --latency script; header "
                f"'{TENANT_HEADER[0]}: {TENANT_HEADER[1]}' on every request",
@@ -807,8 +803,7 @@ def write_default(name, r):
           f"- Load generator: {i['load_generator']}: {i['wrk']}",
           f"- {i['rounds']} interleaved rounds of {i['round_s']} s (+{i['warmup_s']} s warm-up) per scenario and "
           f"concurrency, a fresh front Envoy per round; medians shown",
-          f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build` from commit {i['git_commit']}"
-          + (" plus uncommitted changes under src/" if i.get("src_uncommitted_changes") else ""),
+          f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build`",
           provenance.markdown(r),
           f"- Machine: {i['cpus']} CPUs, shared; load average {i['load_average_at_start'][0]:.2f} at start. "
           "**Absolute numbers are noise: quote the ratios of one run.**",
@@ -899,8 +894,7 @@ def write_breakdown(name, r):
     md = [f"# sluice hot-path breakdown ({i['date']})", "",
           f"- Envoy {i['envoy_version']} `--concurrency 1`; load generator {i['load_generator']}: {i['wrk']}",
           f"- {i['rounds']} interleaved rounds of {i['round_s']} s (+{i['warmup_s']} s warm-up), medians; "
-          f"sluice.wasm {i['wasm_bytes']} bytes (commit {i['git_commit']}"
-          + (" plus uncommitted changes under src/)" if i.get("src_uncommitted_changes") else ")"),
+          f"sluice.wasm {i['wasm_bytes']} bytes",
           provenance.markdown(r),
           "- Buckets never refuse; no response headers except in (d) and (d2). Each step is compared with "
           "the configuration it adds one thing to; the x8 rows add 7 identical rules, so their cost per "

@@ -323,8 +323,7 @@ def write(result):
           f"round (arms in a rotating order): {i['warmup_s']} s warm-up, {i['round_s']} s flat out "
           f"({i['connections']} connections), then {i['paced_s']} s paced ({PACED_CONNECTIONS} connections, "
           f"each one request {PACED_DELAY_MS} ms after the previous answer); medians shown",
-          f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build` from commit {i['git_commit']}"
-          + (" plus uncommitted changes under src/" if i.get("src_uncommitted_changes") else ""),
+          f"- sluice.wasm: {i['wasm_bytes']} bytes, built by `make build`",
           provenance.markdown(result),
           f"- Machine: {i['cpus']} CPUs, shared; load average {i['load_average_at_start'][0]:.2f} at start. "
           "**Absolute numbers are noise: quote the ratios of one run.**",

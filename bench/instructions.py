@@ -289,8 +289,6 @@ def main():
 
 
 def write(name, rows, variants, started, args):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=bench.ROOT).stdout.strip()
     vg = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
     lines = ["| scenario | build | instructions / request | added over no filter | of which in code V8 compiled (the wasm and its call wrappers) | "
              "native / this (a throughput ratio if the front Envoy were the only bottleneck; "
@@ -313,8 +311,7 @@ def write(name, rows, variants, started, args):
           f"- {vg} (callgrind) counting every instruction of the front Envoy (--concurrency 1), "
           f"{args.requests} requests after {args.warmup} of warm-up, one keep-alive connection, "
           "`direct_response` upstream",
-          "- builds: " + ", ".join(f"`{n}` = {Path(p).name} ({Path(p).stat().st_size} bytes)" for n, p in variants)
-          + f"; commit {commit}",
+          "- builds: " + ", ".join(f"`{n}` = {Path(p).name} ({Path(p).stat().st_size} bytes)" for n, p in variants),
           provenance.markdown(rec),
           "- Deterministic to about 1% between runs, whatever the machine's load. Work done per unit of "
           "time (the 100 ms tick, a breaker's 20 ms merge) is overstated: Envoy runs some 50x slower "
