@@ -1136,7 +1136,7 @@ impl Shedders {
         w: Waiter,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
-        let shares = self.rules.get(s).and_then(|r| r.spec.shares);
+        let shares = self.shares(s);
         let by_class = shares.is_none();
         let Some(l) = self.local.get_mut(s) else {
             return Arrival::Shed;
