@@ -31,8 +31,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (also puts tests/ on the path)
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench/results"
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
@@ -182,10 +184,10 @@ def describe():
 def write(rows):
     """bench/results/retry-storm.{json,md}, with the build and machine measured."""
     rec = provenance.record(harness.WASM)
-    bench.RESULTS.mkdir(parents=True, exist_ok=True)
-    (bench.RESULTS / "retry-storm.json").write_text(
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "retry-storm.json").write_text(
         json.dumps({"rows": rows, "setup": describe(), **rec}, indent=1) + "\n")
-    (bench.RESULTS / "retry-storm.md").write_text(
+    (RESULTS / "retry-storm.md").write_text(
         f"# Retry storm: goodput with and without a retry budget ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
         f"\n\n{provenance.markdown(rec)}\n\n{describe()}\n\n{markdown(rows)}\n")
     print("wrote bench/results/retry-storm.json and retry-storm.md")

@@ -14,8 +14,10 @@
 //!   shared-data bytes), `reply.rs` (what a refused client sees),
 //!   `stage.rs` (its [`pipeline::Stage`]): [`ratelimit`], [`breaker`],
 //!   [`shed`], [`retry`], [`deadline`], [`bulkhead`].
-//! - [`config`]: the whole configuration; [`config::fields`] holds the
-//!   validators every mechanism shares.
+//! - [`wiring`]: which mechanisms exist and in which order, the whole
+//!   configuration assembled from their sections, and its check.
+//! - [`config`]: what every mechanism shares ([`config::Common`]) and the
+//!   validators in [`config::fields`].
 //! - [`store`]: shared data as a compare-and-swap store, the layer that
 //!   remembers a worker's own writes, and an in-memory store for tests.
 //! - small shared pieces: [`keys`], [`request`], [`matcher`], [`reply`],
@@ -50,6 +52,7 @@ pub mod rng;
 pub mod shed;
 pub mod sort;
 pub mod store;
+pub mod wiring;
 
 #[cfg(target_os = "wasi")]
 mod host;

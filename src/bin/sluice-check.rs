@@ -8,7 +8,7 @@
 //! Exit status: 0 when every file is accepted, 1 when any has a problem,
 //! 2 when a file cannot be read.
 
-use sluice::config::check::{check, schema};
+use sluice::wiring::check::{check, schema};
 use std::io::Read;
 use std::process::ExitCode;
 

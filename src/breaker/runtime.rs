@@ -12,7 +12,7 @@ use super::codec::{decode, encode};
 pub use super::config::Outcome;
 use super::{Admit, BreakerKey, BreakerSpec, State, Transition};
 use crate::config::fields::{check_state_id, StateId};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::hash::{FastMap, Keyed};
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
@@ -144,10 +144,14 @@ fn table_id(domain: &str, spec: &BreakerSpec) -> u32 {
 
 impl Breakers {
     /// Prepares the breakers; `seed` must be the same in every VM.
-    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
+    pub fn new(
+        specs: &[BreakerSpec],
+        common: &Common,
+        seed: (u64, u64),
+    ) -> Result<Self, ConfigError> {
         let mut rules: Vec<Breaker> = Vec::new();
-        for (i, spec) in config.breakers.iter().enumerate() {
-            let prefix = format!("cb{:08x}/", table_id(&config.domain, spec));
+        for (i, spec) in specs.iter().enumerate() {
+            let prefix = format!("cb{:08x}/", table_id(&common.domain, spec));
             let earlier = rules
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
@@ -161,7 +165,7 @@ impl Breakers {
         Ok(Breakers {
             rules,
             seed,
-            max_retries: config.max_cas_retries,
+            max_retries: common.max_cas_retries,
             local: FastMap::default(),
             tracked,
             store_failures: 0,

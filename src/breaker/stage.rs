@@ -3,9 +3,10 @@
 //! the requests that passed until their response or their stream's end,
 //! and merges batched successes on the tick.
 
+use super::config::BreakerSpec;
 use super::runtime::{Breakers, Check, Event, Outcome, Ticket};
 use super::Transition;
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -46,19 +47,19 @@ pub struct BreakerStage {
 
 /// The stage, if the configuration has breakers.
 pub fn build(
-    config: &Config,
+    specs: &[BreakerSpec],
+    common: &Common,
     seed: (u64, u64),
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    if config.breakers.is_empty() {
+    if specs.is_empty() {
         return Ok(None);
     }
-    let metrics = config
-        .breakers
+    let metrics = specs
         .iter()
         .map(|b| {
             let labels = [
-                ("domain", config.domain.as_str()),
+                ("domain", common.domain.as_str()),
                 ("breaker", b.name.as_str()),
             ];
             let [opened, half_opened, closed, reopened] = reg.variants(
@@ -81,16 +82,16 @@ pub fn build(
         })
         .collect();
     Ok(Some(Box::new(BreakerStage {
-        breakers: Breakers::new(config, seed)?,
-        jitter_ns: config.response.retry_after_jitter_ns,
+        breakers: Breakers::new(specs, common, seed)?,
+        jitter_ns: common.response.retry_after_jitter_ns,
         metrics,
         store_failures: reg.labelled(
             Kind::Counter,
             "sluice_cb_store_failures_total",
-            &[("domain", config.domain.as_str())],
+            &[("domain", common.domain.as_str())],
         ),
         tickets: FastMap::default(),
-        slow_calls: config.breakers.iter().any(|b| b.failure.slow_ms.is_some()),
+        slow_calls: specs.iter().any(|b| b.failure.slow_ms.is_some()),
     })))
 }
 

@@ -3,9 +3,9 @@
 
 use super::runtime::{Breakers, Check, Outcome, SYNC_MS};
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
+use crate::wiring::parse;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -289,7 +289,7 @@ fn vms(json: &str, n: usize) -> (Vec<Breakers>, MemoryStore) {
     let c = parse(json.as_bytes()).expect("valid");
     (
         (0..n)
-            .map(|_| Breakers::new(&c, (7, 8)).expect("ok"))
+            .map(|_| Breakers::new(&c.breakers, &c.common, (7, 8)).expect("ok"))
             .collect(),
         MemoryStore::default(),
     )
@@ -519,7 +519,7 @@ fn slow_call_thresholds_are_read_and_checked() {
     let spec = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"slow_call":"250ms"}}]}"#);
     assert_eq!(spec.failure.slow_ms, Some(250));
     assert_eq!(default_spec().failure.slow_ms, None);
-    let e = crate::config::parse(
+    let e = crate::wiring::parse(
         br#"{"circuit_breakers":[{"name":"b","failure":{"slow_call":"fast"}}]}"#,
     )
     .expect_err("bad duration");
@@ -547,12 +547,12 @@ fn graded_breaking_refuses_in_proportion_to_the_error_rate() {
     let mut s = State::new();
     s.record(&spec, T0, 0, 5, &mut SplitMix(1));
     assert_eq!(s.reject_permille(&spec, T0), 0);
-    let e = crate::config::parse(
+    let e = crate::wiring::parse(
         br#"{"circuit_breakers":[{"name":"b","error_rate":0.5,"graded":{"from":0.6}}]}"#,
     )
     .expect_err("from over the trip rate");
     assert_eq!(e.field, "circuit_breakers[0].graded.from");
-    let e = crate::config::parse(br#"{"circuit_breakers":[{"name":"b","graded":{"max":0}}]}"#)
+    let e = crate::wiring::parse(br#"{"circuit_breakers":[{"name":"b","graded":{"max":0}}]}"#)
         .expect_err("no chance");
     assert_eq!(e.field, "circuit_breakers[0].graded.max");
 }

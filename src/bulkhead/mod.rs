@@ -27,7 +27,7 @@ mod wait;
 mod wait_tests;
 
 use crate::config::fields::{check_state_id, StateId};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::keys::place;
 use crate::request::RequestView;
 use crate::store::{update, Store, StoreError, Update};
@@ -75,10 +75,14 @@ fn state_id(domain: &str, spec: &LimitSpec) -> u32 {
 
 impl Bulkheads {
     /// Prepares the limits; `seed` must be the same in every VM.
-    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
+    pub fn new(
+        specs: &[LimitSpec],
+        common: &Common,
+        seed: (u64, u64),
+    ) -> Result<Self, ConfigError> {
         let mut rules: Vec<Limit> = Vec::new();
-        for (i, spec) in config.concurrency_limits.iter().enumerate() {
-            let prefix = format!("bh{:08x}/", state_id(&config.domain, spec));
+        for (i, spec) in specs.iter().enumerate() {
+            let prefix = format!("bh{:08x}/", state_id(&common.domain, spec));
             let earlier = rules
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
@@ -91,7 +95,7 @@ impl Bulkheads {
         Ok(Bulkheads {
             rules,
             seed,
-            max_retries: config.max_cas_retries,
+            max_retries: common.max_cas_retries,
             retry: Vec::new(),
             store_failures: 0,
         })

@@ -5,9 +5,10 @@
 //! limit with a `max_wait` waits, paused, for a place (see `wait.rs`); the
 //! later stages see it only once it has every place.
 
+use super::config::LimitSpec;
 use super::queue::{Place, Queues, Waiter};
 use super::{Admission, Bulkheads};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::deadline::config::DeadlineSpec;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
@@ -53,19 +54,20 @@ pub(super) enum Took {
 
 /// The stage, if the configuration has concurrency limits.
 pub fn build(
-    config: &Config,
+    specs: &[LimitSpec],
+    deadlines: Option<&DeadlineSpec>,
+    common: &Common,
     seed: (u64, u64),
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    if config.concurrency_limits.is_empty() {
+    if specs.is_empty() {
         return Ok(None);
     }
-    let metrics = config
-        .concurrency_limits
+    let metrics = specs
         .iter()
         .map(|l| {
             let labels = [
-                ("domain", config.domain.as_str()),
+                ("domain", common.domain.as_str()),
                 ("limit", l.name.as_str()),
             ];
             let [admitted, limited, queued_admitted, timed_out] = reg.variants(
@@ -84,24 +86,24 @@ pub fn build(
             }
         })
         .collect();
-    let waits = config.concurrency_limits.iter().any(|l| l.wait.is_some());
+    let waits = specs.iter().any(|l| l.wait.is_some());
     Ok(Some(Box::new(BulkheadStage {
-        bulkheads: Bulkheads::new(config, seed)?,
-        jitter_ns: config.response.retry_after_jitter_ns,
+        bulkheads: Bulkheads::new(specs, common, seed)?,
+        jitter_ns: common.response.retry_after_jitter_ns,
         metrics,
         store_failures: reg.labelled(
             Kind::Counter,
             "sluice_bulkhead_store_failures_total",
-            &[("domain", config.domain.as_str())],
+            &[("domain", common.domain.as_str())],
         ),
         held: FastMap::default(),
         queues: Queues::default(),
-        deadlines: config.deadlines.clone(),
-        deadline_refused: config.deadlines.as_ref().filter(|_| waits).map(|_| {
+        deadlines: deadlines.cloned(),
+        deadline_refused: deadlines.filter(|_| waits).map(|_| {
             reg.labelled(
                 Kind::Counter,
                 "sluice_deadline_refused_total",
-                &[("domain", config.domain.as_str())],
+                &[("domain", common.domain.as_str())],
             )
         }),
     })))

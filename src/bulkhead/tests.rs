@@ -3,9 +3,9 @@
 //! collisions, and bad settings named by field.
 
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
+use crate::wiring::parse;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -14,7 +14,8 @@ const PER_TENANT: &str = r#"{"concurrency_limits":[{"name":"exports","key":[{"he
     "max":2,"max_keys":64}]}"#;
 
 fn limits(json: &str) -> Bulkheads {
-    Bulkheads::new(&parse(json.as_bytes()).expect("valid"), (1, 2)).expect("no collision")
+    let c = parse(json.as_bytes()).expect("valid");
+    Bulkheads::new(&c.concurrency_limits, &c.common, (1, 2)).expect("no collision")
 }
 
 fn tenant(t: &str) -> FakeRequest {

@@ -5,11 +5,11 @@
 //! client gone while waiting, later stages run only once a waiter has its
 //! places, and bad settings named by field.
 
-use crate::config::parse;
 use crate::pipeline::telemetry::Recorder;
 use crate::pipeline::{Effect, Env, Outcome, Pipeline, Stream, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -40,7 +40,8 @@ impl World {
             workers: Vec::new(),
         };
         for i in 0..n {
-            let p = Pipeline::build(&config, (1, 2), i as u32, T0 / MS, i as u64).expect("builds");
+            let p = crate::wiring::pipeline(&config, (1, 2), i as u32, T0 / MS, i as u64)
+                .expect("builds");
             let rec = Recorder::of(&p.metrics);
             w.workers.push((p, rec));
             w.call(i, |p, env| {

@@ -2,7 +2,7 @@
 //! than `min_remaining` is refused before any mechanism spends anything.
 
 use super::config::DeadlineSpec;
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
@@ -14,14 +14,18 @@ pub struct DeadlineStage {
 }
 
 /// The stage, if the configuration has a `deadlines` section.
-pub fn build(config: &Config, reg: &mut Registry) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    let Some(spec) = config.deadlines.clone() else {
+pub fn build(
+    spec: Option<&DeadlineSpec>,
+    common: &Common,
+    reg: &mut Registry,
+) -> Result<Option<Box<dyn Stage>>, ConfigError> {
+    let Some(spec) = spec.cloned() else {
         return Ok(None);
     };
     let refused = reg.labelled(
         Kind::Counter,
         "sluice_deadline_refused_total",
-        &[("domain", config.domain.as_str())],
+        &[("domain", common.domain.as_str())],
     );
     Ok(Some(Box::new(DeadlineStage { spec, refused })))
 }

@@ -2,10 +2,10 @@
 //! wait, refusing what cannot finish, and never queueing past one.
 
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::shed::{Arrival, Class, Shedders, Wake};
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -102,7 +102,7 @@ fn a_queued_request_never_waits_past_its_deadline() {
     let c =
         parse(br#"{"shedders":[{"name":"q","concurrency":{"max":1,"queue":4,"max_wait":"1s"}}]}"#)
             .expect("valid");
-    let mut sh = Shedders::new(&c, 1_000, 7).expect("ok");
+    let mut sh = Shedders::new(&c.shedders, &c.common, 1_000, 7).expect("ok");
     let store = MemoryStore::default();
     sh.create(&store).expect("created");
     assert_eq!(

@@ -6,10 +6,10 @@ use super::plugin::Plugin;
 use super::store::{self, SharedData};
 use super::stream::Stream;
 use super::views::now_ns;
-use crate::config;
 use crate::hash::FastMap;
-use crate::pipeline::{Call, Outcome, Pipeline, Signal, SLOW_TICK};
+use crate::pipeline::{Call, Outcome, Signal, SLOW_TICK};
 use crate::store::Store;
+use crate::wiring;
 use log::{error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -131,12 +131,12 @@ fn random_u64() -> u64 {
 
 /// Builds and starts the plugin of a configuration; the error is the log line.
 fn configure(bytes: &[u8]) -> Result<Plugin, String> {
-    let config = config::parse(bytes).map_err(|e| e.to_string())?;
+    let config = wiring::parse(bytes).map_err(|e| e.to_string())?;
     store::forget();
-    let seed = shared_seed(&SharedData, &config.domain)
+    let seed = shared_seed(&SharedData, &config.common.domain)
         .ok_or("could not create the shared hash seed in shared data")?;
     let now_ms = now_ns() / 1_000_000;
-    let pipeline = Pipeline::build(&config, seed, random_u64() as u32, now_ms, random_u64())
+    let pipeline = wiring::pipeline(&config, seed, random_u64() as u32, now_ms, random_u64())
         .map_err(|e| e.to_string())?;
     let plugin = Plugin::new(pipeline);
     plugin.call(|p, env| p.start(env)).unwrap_or(Ok(()))?;

@@ -4,9 +4,9 @@
 
 use super::telemetry::Recorder;
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 use std::cell::Cell;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -29,7 +29,7 @@ pub struct H {
 impl H {
     pub fn new(json: &str) -> H {
         let config = parse(json.as_bytes()).expect("valid");
-        let p = Pipeline::build(&config, (1, 2), 7, T0 / MS, 1).expect("builds");
+        let p = crate::wiring::pipeline(&config, (1, 2), 7, T0 / MS, 1).expect("builds");
         let rec = Recorder::of(&p.metrics);
         let mut h = H {
             p,

@@ -1,11 +1,8 @@
 //! The request pipeline: what happens to a request from its headers to the
-//! end of its stream, as pure code. It owns the order of the mechanisms
-//! (deadlines first: a request that cannot finish in time is refused before
-//! anything is spent; breakers next, so a fast-failed request spends no
-//! token; then retry
-//! budgets; then concurrency limits per key; then rate limits; then shedders, which may queue), the per-stream state (which
-//! stages hold something for a stream), the exactly-once release on every
-//! way a stream ends, and the tick.
+//! end of its stream, as pure code. It runs the stages it is given in their
+//! order (`crate::wiring` says which and in which order) and owns the
+//! per-stream state (which stages hold something for a stream), the
+//! exactly-once release on every way a stream ends, and the tick.
 //!
 //! The host calls it from each hook with what it read and carries out what
 //! it answers: a verdict on the current request, effects on other streams,
@@ -26,7 +23,7 @@ mod tests;
 
 pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
-use crate::config::{Config, ConfigError, ResponseSpec};
+use crate::config::ResponseSpec;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -97,36 +94,22 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Builds the stages of a configuration, in order. `seed` is the hash
-    /// seed every VM of this Envoy shares; `worker` a random tag of this
-    /// VM; `now_ms` the time; `rng` seeds jitter.
-    pub fn build(
-        config: &Config,
-        seed: (u64, u64),
-        worker: u32,
-        now_ms: u64,
+    /// A pipeline of `stages`, in request order (`crate::wiring` builds
+    /// them from the configuration); `metrics` holds what they defined;
+    /// `rng` seeds jitter.
+    pub fn new(
+        stages: Vec<Box<dyn Stage>>,
+        response: ResponseSpec,
+        metrics: Registry,
         rng: u64,
-    ) -> Result<Self, ConfigError> {
-        let mut metrics = Registry::default();
-        // The registration list: one line per mechanism, in request order.
-        let stages: Vec<Box<dyn Stage>> = [
-            crate::deadline::stage::build(config, &mut metrics)?,
-            crate::breaker::stage::build(config, seed, &mut metrics)?,
-            crate::retry::stage::build(config, &mut metrics)?,
-            crate::bulkhead::stage::build(config, seed, &mut metrics)?,
-            crate::ratelimit::stage::build(config, seed, rng, &mut metrics)?,
-            crate::shed::stage::build(config, now_ms, worker, &mut metrics)?,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        Ok(Pipeline {
+    ) -> Self {
+        Pipeline {
             stages,
             rng: SplitMix(rng),
             fast_tick: false,
-            response: config.response.clone(),
+            response,
             metrics,
-        })
+        }
     }
 
     /// Whether any mechanism is configured (else nothing needs a tick).

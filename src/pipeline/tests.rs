@@ -8,10 +8,10 @@
 
 use super::telemetry::Recorder;
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::request::ResponseView;
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 use std::cell::Cell;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -96,8 +96,8 @@ impl Sim {
     fn configure(&mut self, json: &str) {
         let config = parse(json.as_bytes()).expect("valid");
         let n = self.pipelines.len() as u64;
-        let mut p =
-            Pipeline::build(&config, (1, 2), 7 + n as u32, self.now.get() / MS, n).expect("builds");
+        let mut p = crate::wiring::pipeline(&config, (1, 2), 7 + n as u32, self.now.get() / MS, n)
+            .expect("builds");
         let mut rec = Recorder::of(&p.metrics);
         let now = self.now.get();
         let clock = move || now;
@@ -448,7 +448,7 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
         "adaptive":{"min":1,"max":20,"initial":10}}}]}"#,
     )
     .expect("valid");
-    let mut p = Pipeline::build(&config, (1, 2), 7, T0 / MS, 0).expect("builds");
+    let mut p = crate::wiring::pipeline(&config, (1, 2), 7, T0 / MS, 0).expect("builds");
     let mut rec = Recorder::of(&p.metrics);
     let clock = || T0;
     let mut env = Env {
@@ -547,7 +547,8 @@ impl Stage for Later {
 fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     let (released, seen) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
     let waited = Rc::new(Cell::new(u64::MAX));
-    let mut p = Pipeline::build(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
+    let mut p =
+        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
     p.stages = vec![
         Box::new(Pauser(released.clone())),
         Box::new(Later(seen.clone(), waited.clone())),
@@ -603,8 +604,8 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
         clock: &clock,
         sink: &mut rec,
     };
-    let mut a = Pipeline::build(&config, (1, 2), 0xa, T0 / MS, 1).expect("built");
-    let mut b = Pipeline::build(&config, (1, 2), 0xb, T0 / MS, 2).expect("built");
+    let mut a = crate::wiring::pipeline(&config, (1, 2), 0xa, T0 / MS, 1).expect("built");
+    let mut b = crate::wiring::pipeline(&config, (1, 2), 0xb, T0 / MS, 2).expect("built");
     a.start(&mut env).expect("started");
     // Each worker listens on a queue of its own, from its first tick.
     let listen = |out: Outcome| -> Vec<String> {

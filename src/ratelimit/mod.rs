@@ -36,7 +36,7 @@ mod tests;
 pub mod window;
 
 use crate::config::fields::{check_state_id, StateId};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::keys::{place, MissingKey, Placement};
 use crate::request::RequestView;
 use crate::store::{Store, StoreError};
@@ -220,10 +220,10 @@ impl Limiter {
     /// Prepares a limiter; `seed` must be the same in every VM. Fails only
     /// if two rules' table ids collide (about one chance in four billion
     /// per pair), naming the rule to rename.
-    pub fn new(config: &Config, seed: (u64, u64)) -> Result<Self, ConfigError> {
-        let mut rules: Vec<Rule> = Vec::with_capacity(config.rules.len());
-        for (i, spec) in config.rules.iter().enumerate() {
-            let prefix = format!("sl{:08x}/", table_id(&config.domain, spec));
+    pub fn new(specs: &[RuleSpec], common: &Common, seed: (u64, u64)) -> Result<Self, ConfigError> {
+        let mut rules: Vec<Rule> = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            let prefix = format!("sl{:08x}/", table_id(&common.domain, spec));
             let earlier = rules
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
@@ -242,7 +242,7 @@ impl Limiter {
                 GlobalTables {
                     pool_prefix: prefix.clone(),
                     pool: spec.algorithm,
-                    backstop_prefix: format!("sl{:08x}/", table_id(&config.domain, &backstop)),
+                    backstop_prefix: format!("sl{:08x}/", table_id(&common.domain, &backstop)),
                     backstop: g.backstop,
                 }
             });
@@ -255,8 +255,8 @@ impl Limiter {
         Ok(Limiter {
             rules,
             seed,
-            max_retries: config.max_cas_retries,
-            failure_mode_deny: config.failure_mode_deny,
+            max_retries: common.max_cas_retries,
+            failure_mode_deny: common.failure_mode_deny,
         })
     }
 

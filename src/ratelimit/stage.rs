@@ -7,7 +7,7 @@ use super::global::{CallResult, Coordinator, GlobalRule, Mode, Report, Service};
 use super::reply::{action, Action, PolicyInfo};
 use super::shaping::{Held, HeldList};
 use super::{Evaluation, Limiter, RuleResult};
-use crate::config::{Config, ConfigError, ResponseSpec};
+use crate::config::{Common, ConfigError, ResponseSpec};
 use crate::deadline::config::DeadlineSpec;
 use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
@@ -96,50 +96,49 @@ struct GlobalMetrics {
 
 /// The stage, if the configuration has rules.
 pub fn build(
-    config: &Config,
+    specs: &[RuleSpec],
+    deadlines: Option<&DeadlineSpec>,
+    common: &Common,
     seed: (u64, u64),
     vm: u64,
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    if config.rules.is_empty() {
+    if specs.is_empty() {
         return Ok(None);
     }
-    let limiter = Limiter::new(config, seed)?;
-    let (global, global_of) = coordinator(config, &limiter, vm);
-    let global_metrics = config
-        .rules
+    let limiter = Limiter::new(specs, common, seed)?;
+    let (global, global_of) = coordinator(common, &limiter, vm);
+    let global_metrics = specs
         .iter()
         .filter(|r| r.global.is_some())
-        .map(|r| global_metrics(reg, &config.domain, &r.name))
+        .map(|r| global_metrics(reg, &common.domain, &r.name))
         .collect();
     let leader_metric = match global {
         Some(_) => reg.labelled(
             Kind::Gauge,
             "sluice_global_leader",
-            &[("domain", &config.domain)],
+            &[("domain", &common.domain)],
         ),
         None => 0,
     };
-    let metrics = config
-        .rules
+    let metrics = specs
         .iter()
-        .map(|r| rule_metrics(reg, &config.domain, r))
+        .map(|r| rule_metrics(reg, &common.domain, r))
         .collect();
-    let policies = config
-        .rules
+    let policies = specs
         .iter()
         .map(|r| PolicyInfo::of(&r.name, &r.algorithm))
         .collect();
-    let shaping = config.rules.iter().any(|r| r.shaping.is_some());
+    let shaping = specs.iter().any(|r| r.shaping.is_some());
     Ok(Some(Box::new(RateLimits {
         limiter,
         policies,
-        response: config.response.clone(),
+        response: common.response.clone(),
         metrics,
         shaping,
-        held: HeldList::new(config.rules.len()),
+        held: HeldList::new(specs.len()),
         waiting: Vec::new(),
-        deadlines: config.deadlines.clone(),
+        deadlines: deadlines.cloned(),
         global,
         global_of,
         global_metrics,
@@ -150,13 +149,13 @@ pub fn build(
 /// The coordinator of the configuration's global rules, if it has any,
 /// and each rule's index among them.
 fn coordinator(
-    config: &Config,
+    common: &Common,
     limiter: &Limiter,
     vm: u64,
 ) -> (Option<Coordinator>, Vec<Option<usize>>) {
     let mut rules = Vec::new();
     let mut services: Vec<Service> = Vec::new();
-    let mut of = vec![None; config.rules.len()];
+    let mut of = vec![None; limiter.rules.len()];
     for (i, rule) in limiter.rules.iter().enumerate() {
         let (Some(g), Some(tables)) = (rule.spec.global.as_deref(), &rule.global) else {
             continue;
@@ -165,7 +164,7 @@ fn coordinator(
         let service = match services.iter().position(|s| s.cluster == spec.cluster) {
             Some(s) => s,
             None => {
-                services.push(Service::new(&config.domain, spec));
+                services.push(Service::new(&common.domain, spec));
                 services.len() - 1
             }
         };
@@ -175,7 +174,7 @@ fn coordinator(
         rules.push(GlobalRule {
             rule: i,
             spec: spec.clone(),
-            domain: spec.domain.clone().unwrap_or_else(|| config.domain.clone()),
+            domain: spec.domain.clone().unwrap_or_else(|| common.domain.clone()),
             pool_prefix: tables.pool_prefix.clone(),
             table_len: limiter.table_len(i),
             window_ms: u64::try_from(g.limit.window_ns() / 1_000_000)
@@ -192,10 +191,10 @@ fn coordinator(
     }
     (
         Some(Coordinator::new(
-            &config.domain,
+            &common.domain,
             rules,
             services,
-            (vm, config.version),
+            (vm, common.version),
         )),
         of,
     )
@@ -203,8 +202,8 @@ fn coordinator(
 
 /// The coordinator of a configuration, for the core's tests.
 #[cfg(test)]
-pub fn test_coordinator(config: &Config, limiter: &Limiter, vm: u64) -> Option<Coordinator> {
-    coordinator(config, limiter, vm).0
+pub fn test_coordinator(common: &Common, limiter: &Limiter, vm: u64) -> Option<Coordinator> {
+    coordinator(common, limiter, vm).0
 }
 
 /// The metrics of one global rule.

@@ -3,11 +3,11 @@
 
 use super::codec::Slot;
 use super::{Limiter, RuleResult, Verdict};
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::rng::SplitMix;
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
+use crate::wiring::parse;
 use std::cell::Cell;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -18,7 +18,7 @@ const NOW: u64 = 1_700_000_000 * S;
 
 fn limiter(json: &str) -> Limiter {
     let config = parse(json.as_bytes()).expect("valid config");
-    Limiter::new(&config, (1, 2)).expect("no table id collision")
+    Limiter::new(&config.rules, &config.common, (1, 2)).expect("no table id collision")
 }
 
 fn ready(json: &str) -> (Limiter, MemoryStore) {

@@ -20,7 +20,7 @@ pub mod stage;
 mod tests;
 
 use crate::config::fields::{check_state_id, StateId};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::request::RequestView;
 use crate::store::{update, Store, StoreError, Update};
 use config::BudgetSpec;
@@ -123,10 +123,10 @@ fn state_id(domain: &str, spec: &BudgetSpec) -> u32 {
 }
 
 impl Budgets {
-    pub fn new(config: &Config) -> Result<Self, ConfigError> {
+    pub fn new(specs: &[BudgetSpec], common: &Common) -> Result<Self, ConfigError> {
         let mut rules: Vec<Budget> = Vec::new();
-        for (i, spec) in config.retry_budgets.iter().enumerate() {
-            let key = format!("rb{:08x}", state_id(&config.domain, spec));
+        for (i, spec) in specs.iter().enumerate() {
+            let key = format!("rb{:08x}", state_id(&common.domain, spec));
             let earlier = rules.iter().map(|r| (r.key.as_str(), r.spec.name.as_str()));
             check_state_id("retry_budgets", i, &key, earlier)?;
             rules.push(Budget {
@@ -137,7 +137,7 @@ impl Budgets {
         Ok(Budgets {
             pending: vec![0; rules.len()],
             rules,
-            max_retries: config.max_cas_retries,
+            max_retries: common.max_cas_retries,
             store_failures: 0,
         })
     }

@@ -2,8 +2,9 @@
 //! limits (a retry refused by its budget spends no token): counts first
 //! tries, decides on retries, merges the counts on the tick.
 
+use super::config::BudgetSpec;
 use super::{Budgets, Verdict};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
@@ -26,16 +27,19 @@ pub struct RetryStage {
 }
 
 /// The stage, if the configuration has retry budgets.
-pub fn build(config: &Config, reg: &mut Registry) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    if config.retry_budgets.is_empty() {
+pub fn build(
+    specs: &[BudgetSpec],
+    common: &Common,
+    reg: &mut Registry,
+) -> Result<Option<Box<dyn Stage>>, ConfigError> {
+    if specs.is_empty() {
         return Ok(None);
     }
-    let metrics = config
-        .retry_budgets
+    let metrics = specs
         .iter()
         .map(|b| {
             let labels = [
-                ("domain", config.domain.as_str()),
+                ("domain", common.domain.as_str()),
                 ("budget", b.name.as_str()),
             ];
             let [first_tries, admitted, refused] = reg.variants(
@@ -53,13 +57,13 @@ pub fn build(config: &Config, reg: &mut Registry) -> Result<Option<Box<dyn Stage
         })
         .collect();
     Ok(Some(Box::new(RetryStage {
-        budgets: Budgets::new(config)?,
-        jitter_ns: config.response.retry_after_jitter_ns,
+        budgets: Budgets::new(specs, common)?,
+        jitter_ns: common.response.retry_after_jitter_ns,
         metrics,
         store_failures: reg.labelled(
             Kind::Counter,
             "sluice_retry_store_failures_total",
-            &[("domain", config.domain.as_str())],
+            &[("domain", common.domain.as_str())],
         ),
     })))
 }

@@ -2,9 +2,9 @@
 //! workers, recovery after a storm, and bad settings named by field.
 
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
+use crate::wiring::parse;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -12,7 +12,8 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 const T0: u64 = 1_700_000_000_000;
 
 fn budgets(json: &str) -> Budgets {
-    Budgets::new(&parse(json.as_bytes()).expect("valid")).expect("no collision")
+    let c = parse(json.as_bytes()).expect("valid");
+    Budgets::new(&c.retry_budgets, &c.common).expect("no collision")
 }
 
 const ONE: &str =

@@ -28,7 +28,7 @@ pub mod stage;
 mod tests;
 
 use crate::config::fields::{check_state_id, StateId};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::request::RequestView;
 use crate::store::{update, Store, StoreError, Update};
 use adaptive::{Auto, Samples};
@@ -349,14 +349,19 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
 
 impl Shedders {
     /// `worker` tags this worker's claims: random per worker VM.
-    pub fn new(config: &Config, now_ms: u64, worker: u32) -> Result<Self, ConfigError> {
+    pub fn new(
+        specs: &[ShedderSpec],
+        common: &Common,
+        now_ms: u64,
+        worker: u32,
+    ) -> Result<Self, ConfigError> {
         let mut rules: Vec<Shedder> = Vec::new();
-        for (i, spec) in config.shedders.iter().enumerate() {
+        for (i, spec) in specs.iter().enumerate() {
             // `/q3`: the entry with claims that count their worker's
             // waiters. An older sluice (`/q2`: claims without counts;
             // `/inflight`: 16 bytes) sharing the VM id while it drains
             // keeps its own.
-            let id = table_id(&config.domain, spec);
+            let id = table_id(&common.domain, spec);
             let inflight_key = format!("sh{id:08x}/q3");
             let auto_key = spec
                 .concurrency
@@ -377,7 +382,7 @@ impl Shedders {
         Ok(Shedders {
             rules,
             local,
-            max_retries: config.max_cas_retries,
+            max_retries: common.max_cas_retries,
             store_failures: 0,
             changes: Vec::new(),
             retry: Vec::new(),

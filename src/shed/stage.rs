@@ -5,7 +5,7 @@
 //! ticks, and feeds response latencies to the latency-mode shedders.
 
 use super::{Arrival, Class, ShedderSpec, Shedders, Wake};
-use crate::config::{Config, ConfigError};
+use crate::config::{Common, ConfigError};
 use crate::deadline::config::DeadlineSpec;
 use crate::deadline::Deadline;
 use crate::hash::FastMap;
@@ -80,46 +80,45 @@ struct Rest {
 /// The stage, if the configuration has shedders. `worker` tags this VM's
 /// claims in the shared queue entries.
 pub fn build(
-    config: &Config,
+    specs: &[ShedderSpec],
+    deadlines: Option<&DeadlineSpec>,
+    common: &Common,
     now_ms: u64,
     worker: u32,
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    if config.shedders.is_empty() {
+    if specs.is_empty() {
         return Ok(None);
     }
-    let metrics = config
-        .shedders
+    let metrics = specs
         .iter()
-        .map(|s| shedder_metrics(reg, &config.domain, s))
+        .map(|s| shedder_metrics(reg, &common.domain, s))
         .collect();
     Ok(Some(Box::new(ShedStage {
-        shedders: Shedders::new(config, now_ms, worker)?,
-        jitter_ns: config.response.retry_after_jitter_ns,
+        shedders: Shedders::new(specs, common, now_ms, worker)?,
+        jitter_ns: common.response.retry_after_jitter_ns,
         metrics,
         held: FastMap::default(),
         admitted_ns: FastMap::default(),
-        adaptive: config
-            .shedders
+        adaptive: specs
             .iter()
             .any(|s| s.concurrency.as_ref().is_some_and(|c| c.adaptive.is_some())),
         watched: FastMap::default(),
-        deadlines: config.deadlines.clone(),
+        deadlines: deadlines.cloned(),
         deadline_of: FastMap::default(),
         rest: FastMap::default(),
         waking: false,
         wake_again: false,
         queue: queue_name(worker),
         // Nobody ever waits without a queue: nothing to hear.
-        listening: !config
-            .shedders
+        listening: !specs
             .iter()
             .any(|s| s.concurrency.as_ref().is_some_and(|c| c.queue > 0)),
-        deadline_refused: config.deadlines.as_ref().map(|_| {
+        deadline_refused: deadlines.map(|_| {
             reg.labelled(
                 Kind::Counter,
                 "sluice_deadline_refused_total",
-                &[("domain", config.domain.as_str())],
+                &[("domain", common.domain.as_str())],
             )
         }),
     })))

@@ -4,9 +4,9 @@
 use super::codec::{CLAIM_REFRESH_MS, CLAIM_TTL_MS, MAX_CLAIMS};
 use super::codel::Codel;
 use super::*;
-use crate::config::parse;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
+use crate::wiring::parse;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -147,7 +147,7 @@ fn shedders(json: &str) -> (Shedders, MemoryStore) {
     static WORKER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
     let worker = WORKER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let c = parse(json.as_bytes()).expect("valid");
-    let s = Shedders::new(&c, T0, worker).expect("ok");
+    let s = Shedders::new(&c.shedders, &c.common, T0, worker).expect("ok");
     let store = MemoryStore::default();
     s.create(&store).expect("created");
     (s, store)
@@ -979,8 +979,8 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut a = Shedders::new(&config, T0, 1).expect("builds");
-    let mut b = Shedders::new(&config, T0, 2).expect("builds");
+    let mut a = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut b = Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds");
     a.create(&store).expect("created");
     assert_eq!(a.limit(0), Some(3));
     // Three admitted at the initial limit; the fourth waits.
@@ -1025,7 +1025,7 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     }
     assert!(a.limit(0).expect("a limit") < grown);
     // A new configuration of the same shedder keeps what was learned.
-    let mut c = Shedders::new(&config, now, 3).expect("builds");
+    let mut c = Shedders::new(&config.shedders, &config.common, now, 3).expect("builds");
     c.read_limits(&store);
     assert_eq!(c.limit(0), a.limit(0));
 }
@@ -1039,8 +1039,8 @@ fn shares_split_admissions_by_class_under_overload_across_two_workers() {
     .expect("valid");
     let store = MemoryStore::default();
     let mut workers = [
-        Shedders::new(&config, T0, 1).expect("builds"),
-        Shedders::new(&config, T0, 2).expect("builds"),
+        Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds"),
+        Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds"),
     ];
     workers[0].create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
@@ -1086,7 +1086,7 @@ fn strict_priority_without_shares_serves_the_highest_class_first() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 0, Class::Default),
@@ -1125,8 +1125,8 @@ fn closed_loop(shares: &str) -> [u32; 3] {
     let config = parse(json.as_bytes()).expect("valid");
     let store = MemoryStore::default();
     let mut workers = [
-        Shedders::new(&config, T0, 1).expect("builds"),
-        Shedders::new(&config, T0, 2).expect("builds"),
+        Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds"),
+        Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds"),
     ];
     workers[0].create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
@@ -1193,7 +1193,7 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 0, Class::Default),
@@ -1357,7 +1357,7 @@ fn shed_early_sheds_nothing_below_the_limit() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
     for t in 0..2_000u64 {
@@ -1432,7 +1432,7 @@ fn sim(
     let config = parse(json.as_bytes()).expect("valid");
     let store = MemoryStore::default();
     let mut workers: Vec<Shedders> = (1..=n_workers as u32)
-        .map(|w| Shedders::new(&config, T0, w).expect("builds"))
+        .map(|w| Shedders::new(&config.shedders, &config.common, T0, w).expect("builds"))
         .collect();
     workers[0].create(&store).expect("created");
     let n = clients.len();
@@ -1765,7 +1765,7 @@ fn shed_early_under_lifo_counts_only_higher_classes_ahead() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     // A rate: one admission every 10 ms for 150 ms.
     for i in 0..15u64 {
@@ -1801,7 +1801,7 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     // A rate: one admission every 10 ms for 200 ms.
     for i in 0..20u64 {
@@ -1841,7 +1841,7 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&plain, T0, 1).expect("builds");
+    let mut sh = Shedders::new(&plain.shedders, &plain.common, T0, 1).expect("builds");
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 1, Class::Default),

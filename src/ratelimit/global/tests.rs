@@ -6,12 +6,12 @@ use super::codec::{self, Health, HealthState, Lease, Want};
 use super::pool::{Pool, PoolSpec};
 use super::proto::{self, Code};
 use super::{Call, Coordinator, Mode, Report};
-use crate::config::parse;
 use crate::ratelimit::stage;
 use crate::ratelimit::{Limiter, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::rng::SplitMix;
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -34,9 +34,9 @@ pub(super) struct Vm {
 
 pub(super) fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
     let cfg = parse(json.as_bytes()).expect("valid");
-    let limiter = Limiter::new(&cfg, (1, 2)).expect("limiter");
+    let limiter = Limiter::new(&cfg.rules, &cfg.common, (1, 2)).expect("limiter");
     limiter.create_tables(store).expect("tables");
-    let coord = stage::test_coordinator(&cfg, &limiter, me).expect("global rules");
+    let coord = stage::test_coordinator(&cfg.common, &limiter, me).expect("global rules");
     Vm {
         limiter,
         coord,

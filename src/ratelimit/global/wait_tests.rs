@@ -3,11 +3,11 @@
 //! (decided on again on every fast tick) instead of being refused, up to
 //! the wait; a client gone while it waits leaves nothing behind.
 use super::tests::response_of;
-use crate::config::parse;
 use crate::pipeline::telemetry::{MetricId, Sink};
 use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, Stream, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -28,8 +28,8 @@ struct Vm {
 impl Vm {
     fn new(json: &str, worker: u32, store: &MemoryStore) -> Self {
         let config = parse(json.as_bytes()).expect("valid");
-        let mut p =
-            Pipeline::build(&config, (1, 2), worker, T0 / MS, u64::from(worker)).expect("builds");
+        let mut p = crate::wiring::pipeline(&config, (1, 2), worker, T0 / MS, u64::from(worker))
+            .expect("builds");
         p.start(&mut env(store, T0, &mut Nothing)).expect("starts");
         Vm { p }
     }

@@ -2,7 +2,8 @@
 //! `sluice-check` command): every problem with its field path, not only the
 //! first, and the JSON Schema of the configuration.
 
-use super::{parse, ConfigError};
+use super::config::parse;
+use crate::config::ConfigError;
 use serde_json::{Map, Value};
 
 /// The lists whose items are checked one by one.
@@ -75,7 +76,7 @@ fn parse_value(v: Map<String, Value>) -> Result<(), ConfigError> {
 /// with [`check`] as well.
 #[cfg(feature = "schema")]
 pub fn schema() -> String {
-    let mut s = schemars::schema_for!(super::RawConfig);
+    let mut s = schemars::schema_for!(super::config::RawConfig);
     s.insert("title".into(), "sluice plugin configuration".into());
     serde_json::to_string_pretty(&s).unwrap_or_default() + "\n"
 }

@@ -1,9 +1,10 @@
 //! Configuration validation: good configurations parse to the documented
 //! defaults, and each bad one is refused with its field and problem.
 
-use crate::config::{parse, HeaderStyle};
+use crate::config::HeaderStyle;
 use crate::keys::KeyPart;
 use crate::keys::MissingKey;
+use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -12,8 +13,8 @@ fn empty_configuration_means_no_rules() {
     for empty in ["", "  \n", "{}"] {
         let c = parse(empty.as_bytes()).expect("empty is fine");
         assert!(c.rules.is_empty());
-        assert_eq!(c.response.status, 429);
-        assert_eq!(c.domain, "default");
+        assert_eq!(c.common.response.status, 429);
+        assert_eq!(c.common.domain, "default");
     }
 }
 
@@ -37,9 +38,9 @@ fn a_full_rule_parses_with_its_defaults() {
     assert_eq!(r.max_keys, 10_000);
     assert_eq!((r.cost.default, r.cost.max), (1, 1));
     assert!(!r.shadow);
-    assert_eq!(c.response.ratelimit_headers, HeaderStyle::Both);
-    assert_eq!(c.response.retry_after_jitter_ns, 1_000_000_000);
-    assert!(!c.failure_mode_deny);
+    assert_eq!(c.common.response.ratelimit_headers, HeaderStyle::Both);
+    assert_eq!(c.common.response.retry_after_jitter_ns, 1_000_000_000);
+    assert!(!c.common.failure_mode_deny);
 }
 
 #[test]

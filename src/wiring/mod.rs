@@ -1,0 +1,54 @@
+//! The wiring: which mechanisms exist, in which order a request meets
+//! them, and how the configuration is assembled from their sections and
+//! checked. The only module that knows every mechanism: [`crate::pipeline`]
+//! runs stages it does not name, [`crate::config`] holds what they share,
+//! and each mechanism is built from its own section plus
+//! [`crate::config::Common`].
+//!
+//! A new mechanism: a folder with its `config.rs` (its section), its
+//! `stage.rs` (its [`crate::pipeline::Stage`]), and one line here and one
+//! field in [`config::Config`].
+
+pub mod check;
+pub mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::{parse, Config};
+
+use crate::config::ConfigError;
+use crate::pipeline::telemetry::Registry;
+use crate::pipeline::{Pipeline, Stage};
+
+/// Builds a configuration's pipeline, its stages in request order:
+/// deadlines first (a request that cannot finish in time is refused before
+/// anything is spent); breakers next, so a fast-failed request spends no
+/// token; then retry budgets; then concurrency limits per key; then rate
+/// limits; then shedders, which may queue. `seed` is the hash seed every VM
+/// of this Envoy shares; `worker` a random tag of this VM; `now_ms` the
+/// time; `rng` seeds jitter.
+pub fn pipeline(
+    config: &Config,
+    seed: (u64, u64),
+    worker: u32,
+    now_ms: u64,
+    rng: u64,
+) -> Result<Pipeline, ConfigError> {
+    let common = &config.common;
+    let deadlines = config.deadlines.as_ref();
+    let mut metrics = Registry::default();
+    let m = &mut metrics;
+    // The registration list: one line per mechanism, in request order.
+    let stages: Vec<Box<dyn Stage>> = [
+        crate::deadline::stage::build(deadlines, common, m)?,
+        crate::breaker::stage::build(&config.breakers, common, seed, m)?,
+        crate::retry::stage::build(&config.retry_budgets, common, m)?,
+        crate::bulkhead::stage::build(&config.concurrency_limits, deadlines, common, seed, m)?,
+        crate::ratelimit::stage::build(&config.rules, deadlines, common, seed, rng, m)?,
+        crate::shed::stage::build(&config.shedders, deadlines, common, now_ms, worker, m)?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    Ok(Pipeline::new(stages, common.response.clone(), metrics, rng))
+}
