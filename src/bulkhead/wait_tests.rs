@@ -6,7 +6,7 @@
 //! places, and bad settings named by field.
 
 use crate::pipeline::telemetry::Recorder;
-use crate::pipeline::{Effect, Env, Outcome, Pipeline, Stream, Verdict};
+use crate::pipeline::{Effect, Env, Outcome, Pipeline, StreamId, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
 use crate::wiring::parse;
@@ -67,11 +67,11 @@ impl World {
         f(p, &mut env)
     }
 
-    fn request(&mut self, w: usize, st: &mut Stream, req: &FakeRequest) -> (Verdict, Outcome) {
+    fn request(&mut self, w: usize, st: StreamId, req: &FakeRequest) -> (Verdict, Outcome) {
         self.call(w, |p, env| p.request(env, st, req))
     }
 
-    fn end(&mut self, w: usize, st: &mut Stream) -> Outcome {
+    fn end(&mut self, w: usize, st: StreamId) -> Outcome {
         self.call(w, |p, env| ((), p.end(env, st))).1
     }
 
@@ -107,8 +107,8 @@ fn tenant(t: &str) -> FakeRequest {
     FakeRequest::new("GET", "/x").with_header("x-t", t.as_bytes())
 }
 
-fn streams(n: u32) -> Vec<Stream> {
-    (0..n).map(Stream::new).collect()
+fn streams(n: u32) -> Vec<StreamId> {
+    (0..n).collect()
 }
 
 /// The streams an outcome resumes, and those it answers.
@@ -128,29 +128,29 @@ fn fates(out: &Outcome) -> (Vec<u32>, Vec<(u32, u32)>) {
 #[test]
 fn waiters_of_a_key_go_in_arrival_order_as_places_are_handed_over() {
     let mut w = World::new(CFG, 1);
-    let mut s = streams(4);
+    let s = streams(4);
     let r = tenant("a");
-    assert_eq!(w.request(0, &mut s[0], &r).0, Verdict::Continue);
-    assert_eq!(w.request(0, &mut s[1], &r).0, Verdict::Pause);
-    assert_eq!(w.request(0, &mut s[2], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[0], &r).0, Verdict::Continue);
+    assert_eq!(w.request(0, s[1], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[2], &r).0, Verdict::Pause);
     // The line of two is full: refused at once.
-    let (v, _) = w.request(0, &mut s[3], &r);
+    let (v, _) = w.request(0, s[3], &r);
     assert!(
         matches!(v, Verdict::Reply(ref x) if x.status == 429),
         "{v:?}"
     );
     // Another tenant does not wait behind them.
-    let mut other = Stream::new(9);
-    assert_eq!(w.request(0, &mut other, &tenant("b")).0, Verdict::Continue);
-    w.end(0, &mut other);
+    let other: StreamId = 9;
+    assert_eq!(w.request(0, other, &tenant("b")).0, Verdict::Continue);
+    w.end(0, other);
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 2);
-    let out = w.end(0, &mut s[0]);
+    let out = w.end(0, s[0]);
     assert_eq!(fates(&out), (vec![1], vec![]));
     // Handed over: the shared count never dropped.
     assert_eq!(w.in_flight(), 1);
-    let out = w.end(0, &mut s[1]);
+    let out = w.end(0, s[1]);
     assert_eq!(fates(&out), (vec![2], vec![]));
-    let out = w.end(0, &mut s[2]);
+    let out = w.end(0, s[2]);
     assert_eq!(fates(&out), (vec![], vec![]));
     assert_eq!(w.in_flight(), 0);
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 0);
@@ -169,38 +169,38 @@ fn waiters_of_a_key_go_in_arrival_order_as_places_are_handed_over() {
 #[test]
 fn a_place_freed_on_another_worker_is_found_on_the_fast_tick() {
     let mut w = World::new(CFG, 2);
-    let mut s = streams(2);
+    let s = streams(2);
     let r = tenant("a");
-    assert_eq!(w.request(0, &mut s[0], &r).0, Verdict::Continue);
-    let (v, out) = w.request(1, &mut s[1], &r);
+    assert_eq!(w.request(0, s[0], &r).0, Verdict::Continue);
+    let (v, out) = w.request(1, s[1], &r);
     assert_eq!(v, Verdict::Pause);
     assert_eq!(out.tick, Some(crate::pipeline::FAST_TICK));
     w.now += 5 * MS;
     assert_eq!(fates(&w.tick(1)), (vec![], vec![]));
-    w.end(0, &mut s[0]);
+    w.end(0, s[0]);
     assert_eq!(w.in_flight(), 0);
     // An arrival on the waiter's worker before the tick waits behind it.
-    let mut late = Stream::new(2);
-    assert_eq!(w.request(1, &mut late, &r).0, Verdict::Pause);
+    let late: StreamId = 2;
+    assert_eq!(w.request(1, late, &r).0, Verdict::Pause);
     let out = w.tick(1);
     assert_eq!(fates(&out), (vec![1], vec![]));
     assert_eq!(w.in_flight(), 1);
-    let out = w.end(1, &mut s[1]);
+    let out = w.end(1, s[1]);
     assert_eq!(fates(&out), (vec![2], vec![]));
     // Nobody waits any more: back to the slow tick.
     assert_eq!(out.tick, Some(crate::pipeline::SLOW_TICK));
-    w.end(1, &mut late);
+    w.end(1, late);
     assert_eq!(w.in_flight(), 0);
 }
 
 #[test]
 fn nobody_waits_past_max_wait_or_past_their_deadline() {
     let mut w = World::new(CFG, 1);
-    let mut s = streams(3);
-    assert_eq!(w.request(0, &mut s[0], &tenant("a")).0, Verdict::Continue);
-    assert_eq!(w.request(0, &mut s[1], &tenant("a")).0, Verdict::Pause);
+    let s = streams(3);
+    assert_eq!(w.request(0, s[0], &tenant("a")).0, Verdict::Continue);
+    assert_eq!(w.request(0, s[1], &tenant("a")).0, Verdict::Pause);
     let short = tenant("a").with_header("grpc-timeout", b"30m");
-    assert_eq!(w.request(0, &mut s[2], &short).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[2], &short).0, Verdict::Pause);
     w.now += 29 * MS;
     assert_eq!(fates(&w.tick(0)), (vec![], vec![]));
     w.now += MS;
@@ -219,8 +219,8 @@ fn nobody_waits_past_max_wait_or_past_their_deadline() {
         .iter()
         .any(|h| h == &("x-sluice-bulkhead", "full".to_string())));
     // They leave; the one in flight still holds its place.
-    w.end(0, &mut s[1]);
-    w.end(0, &mut s[2]);
+    w.end(0, s[1]);
+    w.end(0, s[2]);
     assert_eq!(w.in_flight(), 1);
     assert_eq!(
         w.sum(&metric("sluice_bulkhead_requests_total", Some("timed_out"))),
@@ -228,19 +228,19 @@ fn nobody_waits_past_max_wait_or_past_their_deadline() {
     );
     assert_eq!(w.sum("domain=.=default;.;sluice_deadline_refused_total"), 1);
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 0);
-    w.end(0, &mut s[0]);
+    w.end(0, s[0]);
     assert_eq!(w.in_flight(), 0);
 }
 
 #[test]
 fn a_waiter_goes_upstream_with_its_deadline_reduced_by_the_wait() {
     let mut w = World::new(CFG, 1);
-    let mut s = streams(2);
-    assert_eq!(w.request(0, &mut s[0], &tenant("a")).0, Verdict::Continue);
+    let s = streams(2);
+    assert_eq!(w.request(0, s[0], &tenant("a")).0, Verdict::Continue);
     let r = tenant("a").with_header("grpc-timeout", b"2S");
-    assert_eq!(w.request(0, &mut s[1], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[1], &r).0, Verdict::Pause);
     w.now += 40 * MS;
-    let out = w.end(0, &mut s[0]);
+    let out = w.end(0, s[0]);
     // It goes on to the rate limits with the header already reduced.
     let Some(Effect::Resume {
         stream: 1,
@@ -258,62 +258,62 @@ fn a_waiter_goes_upstream_with_its_deadline_reduced_by_the_wait() {
 #[test]
 fn a_client_gone_while_waiting_leaves_nothing_behind() {
     let mut w = World::new(CFG, 1);
-    let mut s = streams(3);
+    let s = streams(3);
     let r = tenant("a");
-    assert_eq!(w.request(0, &mut s[0], &r).0, Verdict::Continue);
-    assert_eq!(w.request(0, &mut s[1], &r).0, Verdict::Pause);
-    assert_eq!(w.request(0, &mut s[2], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[0], &r).0, Verdict::Continue);
+    assert_eq!(w.request(0, s[1], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[2], &r).0, Verdict::Pause);
     // The first waiter leaves: the second is next.
-    assert_eq!(fates(&w.end(0, &mut s[1])), (vec![], vec![]));
+    assert_eq!(fates(&w.end(0, s[1])), (vec![], vec![]));
     assert_eq!(w.in_flight(), 1);
-    assert_eq!(fates(&w.end(0, &mut s[0])), (vec![2], vec![]));
+    assert_eq!(fates(&w.end(0, s[0])), (vec![2], vec![]));
     // The second leaves after it got the place (before its stream went on).
-    assert_eq!(fates(&w.end(0, &mut s[2])), (vec![], vec![]));
+    assert_eq!(fates(&w.end(0, s[2])), (vec![], vec![]));
     assert_eq!(w.in_flight(), 0);
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 0);
     assert_eq!(w.sum(&metric("sluice_bulkhead_in_flight", None)), 0);
     // The whole limit is there again.
-    let mut again = Stream::new(5);
-    assert_eq!(w.request(0, &mut again, &r).0, Verdict::Continue);
+    let again: StreamId = 5;
+    assert_eq!(w.request(0, again, &r).0, Verdict::Continue);
 }
 
 #[test]
 fn a_waiter_spends_nothing_later_until_it_goes_on_and_a_later_refusal_frees_its_place_at_once() {
     let mut w = World::new(CFG, 1);
-    let mut s = streams(6);
+    let s = streams(6);
     let r = FakeRequest::new("GET", "/rl").with_header("x-t", b"r");
-    assert_eq!(w.request(0, &mut s[0], &r).0, Verdict::Continue);
+    assert_eq!(w.request(0, s[0], &r).0, Verdict::Continue);
     // Two wait; neither has spent a token yet.
-    assert_eq!(w.request(0, &mut s[1], &r).0, Verdict::Pause);
-    assert_eq!(w.request(0, &mut s[2], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[1], &r).0, Verdict::Pause);
+    assert_eq!(w.request(0, s[2], &r).0, Verdict::Pause);
     let tokens = |w: &World| {
         w.sum("domain=.=default;.;rule=.=r;.;result=.=allowed;.;sluice_rl_requests_total")
     };
     assert_eq!(tokens(&w), 1);
     // The place goes to stream 1: the rate limit now sees it.
-    let out = w.end(0, &mut s[0]);
+    let out = w.end(0, s[0]);
     assert_eq!(out.effects.len(), 1);
     let Some(Effect::Resume { stream: 1, .. }) = out.effects.first() else {
         panic!("goes on: {:?}", out.effects)
     };
-    let (v, _) = w.call(0, |p, env| p.resume(env, &mut s[1], &r));
+    let (v, _) = w.call(0, |p, env| p.resume(env, s[1], &r));
     assert_eq!(v, Verdict::Continue);
     assert_eq!(tokens(&w), 2);
-    let out = w.end(0, &mut s[1]);
-    let (v, _) = w.call(0, |p, env| p.resume(env, &mut s[2], &r));
+    let out = w.end(0, s[1]);
+    let (v, _) = w.call(0, |p, env| p.resume(env, s[2], &r));
     assert_eq!((fates(&out).0, v), (vec![2], Verdict::Continue));
     // The bucket (3) is empty now: the next waiter is refused by the rate
     // limit when it goes on, and its place goes back at once.
-    assert_eq!(w.request(0, &mut s[3], &r).0, Verdict::Pause);
-    assert_eq!(fates(&w.end(0, &mut s[2])), (vec![3], vec![]));
-    let (v, out) = w.call(0, |p, env| p.resume(env, &mut s[3], &r));
+    assert_eq!(w.request(0, s[3], &r).0, Verdict::Pause);
+    assert_eq!(fates(&w.end(0, s[2])), (vec![3], vec![]));
+    let (v, out) = w.call(0, |p, env| p.resume(env, s[3], &r));
     assert!(
         matches!(v, Verdict::Reply(ref x) if x.status == 429),
         "{v:?}"
     );
     assert!(out.effects.is_empty());
     assert_eq!(w.in_flight(), 0);
-    assert_eq!(w.end(0, &mut s[3]), Outcome::default());
+    assert_eq!(w.end(0, s[3]), Outcome::default());
     assert_eq!(w.in_flight(), 0);
     assert_eq!(w.sum(&metric("sluice_bulkhead_in_flight", None)), 0);
 }
@@ -322,9 +322,9 @@ fn a_waiter_spends_nothing_later_until_it_goes_on_and_a_later_refusal_frees_its_
 fn limits_without_max_wait_refuse_at_once_as_before() {
     let json = CFG.replace(r#","max_wait":"100ms","queue":2"#, "");
     let mut w = World::new(&json, 1);
-    let mut s = streams(2);
-    assert_eq!(w.request(0, &mut s[0], &tenant("a")).0, Verdict::Continue);
-    let (v, out) = w.request(0, &mut s[1], &tenant("a"));
+    let s = streams(2);
+    assert_eq!(w.request(0, s[0], &tenant("a")).0, Verdict::Continue);
+    let (v, out) = w.request(0, s[1], &tenant("a"));
     assert!(
         matches!(v, Verdict::Reply(ref x) if x.status == 429),
         "{v:?}"

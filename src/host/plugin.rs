@@ -6,7 +6,7 @@ use super::reply;
 use super::store::SharedData;
 use super::views::{now_ns, HostRequest};
 use crate::hash::FastMap;
-use crate::pipeline::{self, Effect, Env, Outcome, Pipeline, Signal, Verdict};
+use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::{Cell, RefCell};
@@ -18,9 +18,6 @@ pub struct Plugin {
     pub store_metrics: StoreMetrics,
     reason_header: Option<String>,
     empty: bool,
-    /// The pipeline state of paused streams, by stream id, so that a
-    /// resume (from another stream's hook or a tick) can go on with it.
-    parked: RefCell<FastMap<u32, pipeline::Stream>>,
     /// Shared queues this VM wakes others through, by name (resolved on
     /// first use: a queue exists once some VM listens on it).
     queues: RefCell<FastMap<String, u32>>,
@@ -45,7 +42,6 @@ impl Plugin {
             pipeline: RefCell::new(pipeline),
             ids,
             empty,
-            parked: RefCell::default(),
             queues: RefCell::default(),
             retired: Cell::new(false),
         }
@@ -81,18 +77,6 @@ impl Plugin {
         } else {
             queues.remove(&name);
         }
-    }
-
-    /// Keeps a paused stream's pipeline state until its own next hook.
-    pub fn park(&self, id: u32, state: pipeline::Stream) {
-        if let Ok(mut parked) = self.parked.try_borrow_mut() {
-            parked.insert(id, state);
-        }
-    }
-
-    /// Takes back a parked stream's state.
-    pub fn unpark(&self, id: u32) -> Option<pipeline::Stream> {
-        self.parked.try_borrow_mut().ok()?.remove(&id)
     }
 
     /// Whether no mechanism is configured.
@@ -176,11 +160,7 @@ impl Plugin {
 impl Plugin {
     /// A paused stream that is gone: give back what it may hold.
     fn lost(&self, stream: u32) {
-        let out = match self.unpark(stream) {
-            Some(mut state) => self.call(|p, env| p.end(env, &mut state)),
-            None => self.call(|p, env| p.gone(env, stream)),
-        };
-        if let Some(out) = out {
+        if let Some(out) = self.call(|p, env| p.end(env, stream)) {
             self.apply(out, None);
         }
     }
@@ -189,20 +169,14 @@ impl Plugin {
     /// that paused it: the later stages decide on it (`again`: that stage
     /// too), then it goes on, is answered, or waits again.
     fn go_on(&self, stream: u32, again: bool) {
-        let Some(mut state) = self.unpark(stream) else {
-            let _ = hostcalls::resume_http_request();
-            return;
-        };
         let req = HostRequest::default();
         let decided = self.call(|p, env| {
             if again {
-                p.again(env, &mut state, &req)
+                p.again(env, stream, &req)
             } else {
-                p.resume(env, &mut state, &req)
+                p.resume(env, stream, &req)
             }
         });
-        // Parked until the stream's own next hook takes it back.
-        self.park(stream, state);
         let Some((verdict, out)) = decided else {
             let _ = hostcalls::resume_http_request();
             return;

@@ -3,39 +3,24 @@
 use super::plugin::Plugin;
 use super::reply;
 use super::views::{HostRequest, HostResponse};
-use crate::pipeline::{self, Verdict};
+use crate::pipeline::Verdict;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use std::rc::Rc;
 
+/// A stream's id and its configuration's plugin: the pipeline keeps
+/// whatever else it needs of the stream, by id.
 pub struct Stream {
-    state: pipeline::Stream,
     id: u32,
     plugin: Option<Rc<Plugin>>,
-    /// Paused: the plugin keeps the pipeline state (see `Plugin::park`).
-    parked: bool,
 }
 
 impl Stream {
     pub fn new(id: u32, plugin: Option<Rc<Plugin>>) -> Self {
         // A stream of an empty configuration never calls the pipeline.
         let plugin = plugin.filter(|p| !p.is_empty());
-        Stream {
-            state: pipeline::Stream::new(id),
-            id,
-            plugin,
-            parked: false,
-        }
-    }
-
-    /// Takes the pipeline state back from the plugin, if parked there.
-    fn unpark(&mut self) {
-        if std::mem::take(&mut self.parked) {
-            if let Some(state) = self.plugin.as_ref().and_then(|p| p.unpark(self.id)) {
-                self.state = state;
-            }
-        }
+        Stream { id, plugin }
     }
 }
 
@@ -47,9 +32,9 @@ impl Context for Stream {}
 /// exports, which saves two trips into the VM on every request.
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.unpark();
         if let Some(plugin) = &self.plugin {
-            if let Some(out) = plugin.call(|p, env| p.end(env, &mut self.state)) {
+            let id = self.id;
+            if let Some(out) = plugin.call(|p, env| p.end(env, id)) {
                 plugin.apply(out, Some(self.id));
             }
         }
@@ -62,19 +47,15 @@ impl HttpContext for Stream {
             return Action::Continue;
         };
         let req = HostRequest::default();
-        let Some((verdict, out)) = plugin.call(|p, env| p.request(env, &mut self.state, &req))
-        else {
+        let id = self.id;
+        let Some((verdict, out)) = plugin.call(|p, env| p.request(env, id, &req)) else {
             return Action::Continue;
         };
         plugin.apply(out, Some(self.id));
         match verdict {
             Verdict::Continue => Action::Continue,
-            Verdict::Pause => {
-                // Queued: resumed or answered later, maybe from a tick.
-                plugin.park(self.id, std::mem::take(&mut self.state));
-                self.parked = true;
-                Action::Pause
-            }
+            // Queued: resumed or answered later, maybe from a tick.
+            Verdict::Pause => Action::Pause,
             Verdict::Reply(r) => {
                 reply::send(&r, plugin.reason_header());
                 Action::Pause
@@ -83,13 +64,11 @@ impl HttpContext for Stream {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        self.unpark();
         let Some(plugin) = &self.plugin else {
             return Action::Continue;
         };
-        let Some((headers, out)) =
-            plugin.call(|p, env| p.response(env, &mut self.state, &HostResponse))
-        else {
+        let id = self.id;
+        let Some((headers, out)) = plugin.call(|p, env| p.response(env, id, &HostResponse)) else {
             return Action::Continue;
         };
         plugin.apply(out, Some(self.id));

@@ -20,7 +20,7 @@ pub struct H {
     rec: Recorder,
     store: MemoryStore,
     pub now: Rc<Cell<u64>>,
-    pub streams: Vec<Stream>,
+    pub streams: Vec<StreamId>,
     pub reqs: Vec<FakeRequest>,
     pub log: Vec<String>,
     pub phase: Vec<u8>,
@@ -56,7 +56,12 @@ impl H {
     }
     fn with<R>(
         &mut self,
-        f: impl FnOnce(&mut Pipeline, &mut Env<'_>, &mut Vec<Stream>, &Vec<FakeRequest>) -> (R, Outcome),
+        f: impl FnOnce(
+            &mut Pipeline,
+            &mut Env<'_>,
+            &mut Vec<StreamId>,
+            &Vec<FakeRequest>,
+        ) -> (R, Outcome),
     ) -> R {
         let now = self.now.clone();
         let clock = move || now.get();
@@ -84,7 +89,7 @@ impl H {
                     }
                     let v = self.with(|p, env, ss, rq| {
                         let id = stream as usize;
-                        p.resume(env, &mut ss[id], &rq[id])
+                        p.resume(env, ss[id], &rq[id])
                     });
                     self.log.push(format!("  -> {stream} {:?}", v));
                     assert_eq!(
@@ -100,7 +105,7 @@ impl H {
                 Effect::Again { stream } => {
                     let v = self.with(|p, env, ss, rq| {
                         let id = stream as usize;
-                        p.again(env, &mut ss[id], &rq[id])
+                        p.again(env, ss[id], &rq[id])
                     });
                     self.log.push(format!("again {stream} -> {:?}", v));
                 }
@@ -118,10 +123,10 @@ impl H {
     }
     pub fn arrive(&mut self, req: FakeRequest) -> Verdict {
         let id = self.streams.len();
-        self.streams.push(Stream::new(id as u32));
+        self.streams.push(id as u32);
         self.reqs.push(req);
         self.phase.push(9);
-        let v = self.with(|p, env, ss, rq| p.request(env, &mut ss[id], &rq[id]));
+        let v = self.with(|p, env, ss, rq| p.request(env, ss[id], &rq[id]));
         self.log.push(format!("arrive {id} -> {:?}", v));
         self.phase[id] = match v {
             Verdict::Continue => 1,
@@ -132,7 +137,7 @@ impl H {
     }
     pub fn end(&mut self, id: usize) {
         self.phase[id] = 3;
-        self.with(|p, env, ss, _| ((), p.end(env, &mut ss[id])));
+        self.with(|p, env, ss, _| ((), p.end(env, ss[id])));
     }
     pub fn tick(&mut self) {
         self.with(|p, env, _, _| ((), p.tick(env)));

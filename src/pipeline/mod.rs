@@ -1,8 +1,9 @@
 //! The request pipeline: what happens to a request from its headers to the
 //! end of its stream, as pure code. It runs the stages it is given in their
 //! order (`crate::wiring` says which and in which order) and owns the
-//! per-stream state (which stages hold something for a stream), the
-//! exactly-once release on every way a stream ends, and the tick.
+//! per-stream state, by stream id (which stages hold something for a
+//! stream; the host keeps none), the exactly-once release on every way a
+//! stream ends, and the tick.
 //!
 //! The host calls it from each hook with what it read and carries out what
 //! it answers: a verdict on the current request, effects on other streams,
@@ -24,6 +25,7 @@ mod tests;
 pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
 use crate::config::ResponseSpec;
+use crate::hash::FastMap;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -37,9 +39,10 @@ pub const SLOW_TICK: Duration = Duration::from_millis(100);
 /// millisecond), an update to retry, an adaptive limit's samples to merge.
 pub const FAST_TICK: Duration = Duration::from_millis(1);
 
-/// What the host keeps per stream for the pipeline.
+/// What the pipeline keeps of a stream while a stage holds something for
+/// it, it is paused, or headers wait for its response.
 #[derive(Debug, Default)]
-pub struct Stream {
+struct Stream {
     id: StreamId,
     /// Bit `i`: stage `i` holds something for this stream.
     holds: u64,
@@ -52,11 +55,16 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn new(id: StreamId) -> Self {
+    fn new(id: StreamId) -> Self {
         Stream {
             id,
             ..Stream::default()
         }
+    }
+
+    /// Whether anything of it is left to keep.
+    fn worth_keeping(&self) -> bool {
+        self.holds != 0 || self.paused_at.is_some() || !self.response_headers.is_empty()
     }
 }
 
@@ -89,6 +97,9 @@ pub struct Pipeline {
     rng: SplitMix,
     fast_tick: bool,
     response: ResponseSpec,
+    /// The streams it keeps something of (see [`Stream`]), by id: the host
+    /// keeps none of the pipeline's state.
+    streams: FastMap<StreamId, Stream>,
     /// The metrics every stage defined.
     pub metrics: Registry,
 }
@@ -108,6 +119,7 @@ impl Pipeline {
             rng: SplitMix(rng),
             fast_tick: false,
             response,
+            streams: FastMap::default(),
             metrics,
         }
     }
@@ -188,10 +200,20 @@ impl Pipeline {
     pub fn request(
         &mut self,
         env: &mut Env<'_>,
-        stream: &mut Stream,
+        id: StreamId,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        self.with_cx(env, |stages, cx| run(stages, cx, stream, req, 0))
+        let mut stream = Stream::new(id);
+        let r = self.with_cx(env, |stages, cx| run(stages, cx, &mut stream, req, 0));
+        self.keep(stream);
+        r
+    }
+
+    /// Keeps what is left of a stream until its next call.
+    fn keep(&mut self, stream: Stream) {
+        if stream.worth_keeping() {
+            self.streams.insert(stream.id, stream);
+        }
     }
 
     /// A stream paused by a stage was resumed by it (`Effect::Resume`; the
@@ -201,10 +223,10 @@ impl Pipeline {
     pub fn resume(
         &mut self,
         env: &mut Env<'_>,
-        stream: &mut Stream,
+        id: StreamId,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        self.go_on(env, stream, req, 1)
+        self.go_on(env, id, req, 1)
     }
 
     /// A stream paused by a stage is decided on again from that stage
@@ -212,10 +234,10 @@ impl Pipeline {
     pub fn again(
         &mut self,
         env: &mut Env<'_>,
-        stream: &mut Stream,
+        id: StreamId,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        self.go_on(env, stream, req, 0)
+        self.go_on(env, id, req, 0)
     }
 
     /// A paused stream goes on from `after` stages past the one that
@@ -223,17 +245,23 @@ impl Pipeline {
     fn go_on(
         &mut self,
         env: &mut Env<'_>,
-        stream: &mut Stream,
+        id: StreamId,
         req: &dyn RequestView,
         after: usize,
     ) -> (Verdict, Outcome) {
+        let Some(mut stream) = self.streams.remove(&id) else {
+            return (Verdict::Continue, Outcome::default());
+        };
         let Some(at) = stream.paused_at.take() else {
+            self.keep(stream);
             return (Verdict::Continue, Outcome::default());
         };
         let arrived = stream.arrived_ms;
-        self.with_cx_since(env, arrived, |stages, cx| {
-            run(stages, cx, stream, req, at + after)
-        })
+        let r = self.with_cx_since(env, arrived, |stages, cx| {
+            run(stages, cx, &mut stream, req, at + after)
+        });
+        self.keep(stream);
+        r
     }
 
     /// The response headers: the stages holding something for the stream
@@ -241,44 +269,50 @@ impl Pipeline {
     pub fn response(
         &mut self,
         env: &mut Env<'_>,
-        stream: &mut Stream,
+        id: StreamId,
         resp: &dyn ResponseView,
     ) -> (Vec<(&'static str, String)>, Outcome) {
-        if stream.holds != 0 {
-            let ((), out) = self.with_cx(env, |stages, cx| {
-                for (i, stage) in stages.iter_mut().enumerate() {
-                    if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
-                        stream.holds &= !(1 << i);
-                    }
-                }
-            });
-            return (std::mem::take(&mut stream.response_headers), out);
+        let Some(mut stream) = self.streams.remove(&id) else {
+            return (Vec::new(), Outcome::default());
+        };
+        let headers = std::mem::take(&mut stream.response_headers);
+        if stream.holds == 0 {
+            self.keep(stream);
+            return (headers, Outcome::default());
         }
-        (
-            std::mem::take(&mut stream.response_headers),
-            Outcome::default(),
-        )
+        let ((), out) = self.with_cx(env, |stages, cx| {
+            for (i, stage) in stages.iter_mut().enumerate() {
+                if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
+                    stream.holds &= !(1 << i);
+                }
+            }
+        });
+        self.keep(stream);
+        (headers, out)
     }
 
     /// The stream ended, however it ended: every stage holding something
     /// for it releases it, exactly once.
-    pub fn end(&mut self, env: &mut Env<'_>, stream: &mut Stream) -> Outcome {
+    pub fn end(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
+        let Some(mut stream) = self.streams.remove(&id) else {
+            return Outcome::default();
+        };
         if stream.holds == 0 {
             return Outcome::default();
         }
-        let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, stream));
+        let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, &mut stream));
         out
     }
 
-    /// A stream the host found gone while the pipeline thought it paused:
-    /// every stage releases what it may hold for it.
-    pub fn gone(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
-        let mut stream = Stream {
-            id,
-            holds: u64::MAX,
-            ..Stream::default()
-        };
-        self.end(env, &mut stream)
+    /// The streams the pipeline keeps something of (bounded by the streams
+    /// alive: each is forgotten at its end).
+    pub fn streams_kept(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether any stage holds something for stream `id`.
+    pub fn holds(&self, id: StreamId) -> bool {
+        self.streams.get(&id).is_some_and(|s| s.holds != 0)
     }
 
     /// Periodic work of every stage; back to the slow tick once no stage

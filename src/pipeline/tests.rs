@@ -72,7 +72,7 @@ struct Sim {
     now: Rc<Cell<u64>>,
     /// Pipelines (the last is the current configuration) and their metrics.
     pipelines: Vec<(Pipeline, Recorder)>,
-    streams: Vec<(Stream, Phase, usize)>,
+    streams: Vec<(StreamId, Phase, usize)>,
     requests: Vec<FakeRequest>,
     resumed: u32,
     shed_from_queue: u32,
@@ -161,18 +161,20 @@ impl Sim {
 
     /// A resumed stream: the stages after the one that paused it decide.
     fn go_on(&mut self, i: usize, id: usize) {
-        let mut st = std::mem::take(&mut self.streams[id].0);
+        let st = self.streams[id].0;
         let req = self.requests[id].clone();
-        let v = self.call(i, |p, env| p.resume(env, &mut st, &req));
+        let v = self.call(i, |p, env| p.resume(env, st, &req));
         let phase = match v {
             Verdict::Continue => Phase::InFlight,
             Verdict::Pause => Phase::Paused,
             Verdict::Reply(_) => {
-                assert_eq!(st.holds, 0, "a refused request holds nothing");
+                assert!(
+                    !self.pipelines[i].0.holds(st),
+                    "a refused request holds nothing"
+                );
                 Phase::Answered
             }
         };
-        self.streams[id].0 = st;
         self.streams[id].1 = phase;
     }
 
@@ -198,16 +200,19 @@ impl Sim {
             .with_header("x-k", format!("k{key}").as_bytes())
             .with_header("x-dep", b"db")
             .with_header("x-prio", prio.as_bytes());
-        let mut st = Stream::new(id);
+        let st: StreamId = id;
         let v = self.call(cur, |p, env| {
-            let (v, out) = p.request(env, &mut st, &req);
+            let (v, out) = p.request(env, st, &req);
             (v, out)
         });
         let phase = match v {
             Verdict::Continue => Phase::InFlight,
             Verdict::Pause => Phase::Paused,
             Verdict::Reply(_) => {
-                assert_eq!(st.holds, 0, "a refused request holds nothing");
+                assert!(
+                    !self.pipelines[cur].0.holds(st),
+                    "a refused request holds nothing"
+                );
                 Phase::Answered
             }
         };
@@ -217,21 +222,19 @@ impl Sim {
 
     fn respond(&mut self, id: usize, status: u32) {
         let i = self.streams[id].2;
-        let mut st = std::mem::take(&mut self.streams[id].0);
+        let st = self.streams[id].0;
         self.call(i, |p, env| {
-            let (_, out) = p.response(env, &mut st, &Response(status));
+            let (_, out) = p.response(env, st, &Response(status));
             ((), out)
         });
-        self.streams[id].0 = st;
     }
 
     fn end(&mut self, id: usize) {
         let i = self.streams[id].2;
-        let mut st = std::mem::take(&mut self.streams[id].0);
-        self.call(i, |p, env| ((), p.end(env, &mut st)));
+        let st = self.streams[id].0;
+        self.call(i, |p, env| ((), p.end(env, st)));
         // A second end (a host calling twice) releases nothing more.
-        self.call(i, |p, env| ((), p.end(env, &mut st)));
-        self.streams[id].0 = st;
+        self.call(i, |p, env| ((), p.end(env, st)));
         self.streams[id].1 = Phase::Ended;
     }
 
@@ -342,6 +345,13 @@ fn lifecycle(seed: u64) -> (u32, u32, i64, i64) {
         (0, 0, 0, 0),
         "seed {seed}: slots, waiters, probe claims or bulkhead places left"
     );
+    for (p, _) in &sim.pipelines {
+        assert_eq!(
+            p.streams_kept(),
+            0,
+            "seed {seed}: a stream kept after its end"
+        );
+    }
     for g in ["in_flight", "queued"] {
         let name = format!("domain=.=default;.;shedder=.=q;.;sluice_shed_{g}");
         assert_eq!(sim.gauge(&name), 0, "seed {seed}: {name}");
@@ -392,9 +402,9 @@ fn a_request_refused_by_a_later_stage_gives_back_what_earlier_stages_hold() {
         sim.end(i);
     }
     sim.arrive(1, "/q/x", "default");
-    let (st, phase, _) = &sim.streams[6];
-    assert_eq!(*phase, Phase::Answered);
-    assert_eq!(st.holds, 0);
+    let (st, phase, cur) = sim.streams[6];
+    assert_eq!(phase, Phase::Answered);
+    assert!(!sim.pipelines[cur].0.holds(st));
     // The breaker stage held a ticket for it until the refusal: no probe
     // claim and no slot stays behind.
     assert_eq!(sim.shared_holds(), (0, 0, 0, 0));
@@ -416,16 +426,16 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
             .with_header("x-k", k.as_bytes())
             .with_header("x-dep", b"db")
     };
-    let mut streams: Vec<Stream> = (0..3).map(Stream::new).collect();
+    let streams: Vec<StreamId> = (0..3).collect();
     let mut ticks = Vec::new();
-    for (i, s) in streams.iter_mut().enumerate() {
+    for (i, &s) in streams.iter().enumerate() {
         let (v, out) = p.request(&mut env, s, &req(&format!("k{i}")));
         ticks.push((v, out.tick));
     }
     assert_eq!(ticks[0], (Verdict::Continue, None));
     assert_eq!(ticks[1], (Verdict::Continue, None));
     assert_eq!(ticks[2], (Verdict::Pause, Some(FAST_TICK)));
-    let out = p.end(&mut env, &mut streams[0]);
+    let out = p.end(&mut env, streams[0]);
     assert_eq!(
         out.effects,
         vec![Effect::Resume {
@@ -462,14 +472,14 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
     // The ticks asked for by a round of `n` requests in flight at once,
     // answered and ended, then by two ticks.
     let mut round = |n: u32| {
-        let mut streams: Vec<Stream> = (0..n).map(Stream::new).collect();
+        let streams: Vec<StreamId> = (0..n).collect();
         let mut asked = Vec::new();
-        for st in &mut streams {
+        for &st in &streams {
             let (v, out) = p.request(&mut env, st, &req);
             assert_eq!(v, Verdict::Continue);
             asked.extend(out.tick);
         }
-        for st in &mut streams {
+        for &st in &streams {
             asked.extend(p.response(&mut env, st, &Response(200)).1.tick);
             asked.extend(p.end(&mut env, st).tick);
         }
@@ -483,21 +493,18 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
     assert_eq!(round(10), (vec![FAST_TICK], Some(SLOW_TICK), None));
     // A sample already waiting, then the arrival that fills the limit:
     // the fast tick from that arrival on.
-    let mut first = Stream::new(100);
-    assert_eq!(p.request(&mut env, &mut first, &req).0, Verdict::Continue);
-    assert_eq!(
-        p.response(&mut env, &mut first, &Response(200)).1.tick,
-        None
-    );
-    assert_eq!(p.end(&mut env, &mut first).tick, None);
-    let mut streams: Vec<Stream> = (0..10).map(Stream::new).collect();
+    let first: StreamId = 100;
+    assert_eq!(p.request(&mut env, first, &req).0, Verdict::Continue);
+    assert_eq!(p.response(&mut env, first, &Response(200)).1.tick, None);
+    assert_eq!(p.end(&mut env, first).tick, None);
+    let streams: Vec<StreamId> = (0..10).collect();
     let asked: Vec<_> = streams
-        .iter_mut()
-        .map(|st| p.request(&mut env, st, &req).1.tick)
+        .iter()
+        .map(|&st| p.request(&mut env, st, &req).1.tick)
         .collect();
     assert_eq!(asked.last(), Some(&Some(FAST_TICK)), "{asked:?}");
     assert!(asked[..9].iter().all(Option::is_none), "{asked:?}");
-    for st in &mut streams {
+    for &st in &streams {
         let _ = p.response(&mut env, st, &Response(200));
         let _ = p.end(&mut env, st);
     }
@@ -564,30 +571,27 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
         sink: &mut rec,
     };
     let ok = FakeRequest::new("GET", "/");
-    let mut a = Stream::new(1);
-    assert_eq!(p.request(&mut env, &mut a, &ok).0, Verdict::Pause);
+    let a: StreamId = 1;
+    assert_eq!(p.request(&mut env, a, &ok).0, Verdict::Pause);
     assert_eq!(seen.get(), 0, "a later stage saw a paused request");
     now.set(T0 + 250 * MS);
-    assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
+    assert_eq!(p.resume(&mut env, a, &ok).0, Verdict::Continue);
     assert_eq!(seen.get(), 1);
     // The later stage knows how long the request waited before it.
     assert_eq!(waited.get(), 250);
     // A second resume (a stream not paused) decides nothing again.
-    assert_eq!(p.resume(&mut env, &mut a, &ok).0, Verdict::Continue);
+    assert_eq!(p.resume(&mut env, a, &ok).0, Verdict::Continue);
     assert_eq!(seen.get(), 1);
-    p.end(&mut env, &mut a);
+    p.end(&mut env, a);
     assert_eq!(released.get(), 1);
     // Refused by the later stage on its resume: the pausing stage's hold
     // is released at once, and not again when the stream ends.
     let no = FakeRequest::new("GET", "/").with_header("x-no", b"1");
-    let mut b = Stream::new(2);
-    assert_eq!(p.request(&mut env, &mut b, &no).0, Verdict::Pause);
-    assert!(matches!(
-        p.resume(&mut env, &mut b, &no).0,
-        Verdict::Reply(_)
-    ));
+    let b: StreamId = 2;
+    assert_eq!(p.request(&mut env, b, &no).0, Verdict::Pause);
+    assert!(matches!(p.resume(&mut env, b, &no).0, Verdict::Reply(_)));
     assert_eq!(released.get(), 2);
-    p.end(&mut env, &mut b);
+    p.end(&mut env, b);
     assert_eq!(released.get(), 2);
 }
 
@@ -622,14 +626,14 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
     assert!(listen(b.tick(&mut env)).is_empty(), "once");
     // a holds both slots; b's request waits.
     let req = FakeRequest::new("GET", "/");
-    let mut held: Vec<Stream> = (0..2).map(Stream::new).collect();
-    for s in held.iter_mut() {
+    let held: Vec<StreamId> = (0..2).collect();
+    for &s in &held {
         assert_eq!(a.request(&mut env, s, &req).0, Verdict::Continue);
     }
-    let mut waiting = Stream::new(10);
-    assert_eq!(b.request(&mut env, &mut waiting, &req).0, Verdict::Pause);
+    let waiting: StreamId = 10;
+    assert_eq!(b.request(&mut env, waiting, &req).0, Verdict::Pause);
     // a's request ends: the slot is b's waiter's, and a wakes b...
-    let out = a.end(&mut env, &mut held[0]);
+    let out = a.end(&mut env, held[0]);
     assert!(out.effects.is_empty(), "{out:?}");
     assert_eq!(out.signals, vec![Signal::Wake(qb[0].clone())]);
     // ...whose wake-up (on its queue, not another) lets its waiter go on.
@@ -643,5 +647,5 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
         }]
     );
     // Nobody waits now: the next release wakes nobody.
-    assert!(a.end(&mut env, &mut held[1]).signals.is_empty());
+    assert!(a.end(&mut env, held[1]).signals.is_empty());
 }

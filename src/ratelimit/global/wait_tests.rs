@@ -4,7 +4,7 @@
 //! the wait; a client gone while it waits leaves nothing behind.
 use super::tests::response_of;
 use crate::pipeline::telemetry::{MetricId, Sink};
-use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, Stream, Verdict};
+use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, StreamId, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
 use crate::wiring::parse;
@@ -83,10 +83,10 @@ fn a_new_keys_request_waits_for_its_first_tokens_then_goes_on() {
     );
     worker.p.tick(&mut env(&store, T0 + MS, s));
     // A new key: no tokens yet; the request waits (paused), it is not refused.
-    let mut one = Stream::new(1);
+    let one: StreamId = 1;
     let (v, _) = worker
         .p
-        .request(&mut env(&store, T0 + 20 * MS, s), &mut one, &req("k"));
+        .request(&mut env(&store, T0 + 20 * MS, s), one, &req("k"));
     assert_eq!(v, Verdict::Pause);
     // The worker's fast tick reports the key, wakes the leader, and has
     // the request decided on again: still no tokens, still waiting.
@@ -98,7 +98,7 @@ fn a_new_keys_request_waits_for_its_first_tokens_then_goes_on() {
     assert_eq!(agains(&out), vec![1]);
     let (v, _) = worker
         .p
-        .again(&mut env(&store, T0 + 21 * MS, s), &mut one, &req("k"));
+        .again(&mut env(&store, T0 + 21 * MS, s), one, &req("k"));
     assert_eq!(v, Verdict::Pause);
     // Woken, the leader calls; the answer fills the pool.
     let out = leader
@@ -116,7 +116,7 @@ fn a_new_keys_request_waits_for_its_first_tokens_then_goes_on() {
     assert_eq!(agains(&out), vec![1]);
     let (v, _) = worker
         .p
-        .again(&mut env(&store, T0 + 26 * MS, s), &mut one, &req("k"));
+        .again(&mut env(&store, T0 + 26 * MS, s), one, &req("k"));
     assert_eq!(v, Verdict::Continue);
     // Nothing waits any more: no request is decided on again.
     let out = worker.p.tick(&mut env(&store, T0 + 27 * MS, s));
@@ -131,30 +131,26 @@ fn a_request_waits_no_longer_than_wait_for_tokens_and_a_gone_client_leaves_nothi
     let s = &mut Nothing;
     leader.p.tick(&mut env(&store, T0, s));
     worker.p.tick(&mut env(&store, T0 + MS, s));
-    let mut two = Stream::new(2);
-    let mut three = Stream::new(3);
+    let two: StreamId = 2;
+    let three: StreamId = 3;
     let at = T0 + 20 * MS;
-    let (v, _) = worker
-        .p
-        .request(&mut env(&store, at, s), &mut two, &req("k2"));
+    let (v, _) = worker.p.request(&mut env(&store, at, s), two, &req("k2"));
     assert_eq!(v, Verdict::Pause);
-    let (v, _) = worker
-        .p
-        .request(&mut env(&store, at, s), &mut three, &req("k3"));
+    let (v, _) = worker.p.request(&mut env(&store, at, s), three, &req("k3"));
     assert_eq!(v, Verdict::Pause);
     // Stream 3's client goes away: it is no longer decided on again.
-    worker.p.end(&mut env(&store, at + MS, s), &mut three);
+    worker.p.end(&mut env(&store, at + MS, s), three);
     let out = worker.p.tick(&mut env(&store, at + 2 * MS, s));
     assert_eq!(agains(&out), vec![2]);
     // The service never answers: 49 ms on it still waits, at 50 ms it is
     // refused (429), as it would have been at once without the wait.
     let (v, _) = worker
         .p
-        .again(&mut env(&store, at + 49 * MS, s), &mut two, &req("k2"));
+        .again(&mut env(&store, at + 49 * MS, s), two, &req("k2"));
     assert_eq!(v, Verdict::Pause);
     let (v, _) = worker
         .p
-        .again(&mut env(&store, at + 50 * MS, s), &mut two, &req("k2"));
+        .again(&mut env(&store, at + 50 * MS, s), two, &req("k2"));
     assert!(
         matches!(v, Verdict::Reply(ref r) if r.status == 429),
         "{v:?}"
@@ -170,11 +166,9 @@ fn without_wait_for_tokens_a_new_keys_request_is_refused_at_once() {
     let mut worker = Vm::new(&json, 2, &store);
     let s = &mut Nothing;
     worker.p.tick(&mut env(&store, T0, s));
-    let (v, _) = worker.p.request(
-        &mut env(&store, T0 + 20 * MS, s),
-        &mut Stream::new(1),
-        &req("k"),
-    );
+    let (v, _) = worker
+        .p
+        .request(&mut env(&store, T0 + 20 * MS, s), 1, &req("k"));
     assert!(
         matches!(v, Verdict::Reply(ref r) if r.status == 429),
         "{v:?}"
@@ -218,10 +212,8 @@ fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
     leader.p.tick(&mut env(&store, T0, s));
     worker.p.tick(&mut env(&store, T0 + MS, s));
     let r = req("k").with_header("x-envoy-expected-rq-timeout-ms", b"1000");
-    let mut one = Stream::new(1);
-    let (v, _) = worker
-        .p
-        .request(&mut env(&store, T0 + 20 * MS, s), &mut one, &r);
+    let one: StreamId = 1;
+    let (v, _) = worker.p.request(&mut env(&store, T0 + 20 * MS, s), one, &r);
     assert_eq!(v, Verdict::Pause);
     let out = worker.p.tick(&mut env(&store, T0 + 21 * MS, s));
     let out = leader
@@ -236,9 +228,7 @@ fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
     // Admitted 6 ms after it arrived: it goes on through a resume that
     // sets its deadline to what is left, as a request resumed from a
     // queue does.
-    let (v, out) = worker
-        .p
-        .again(&mut env(&store, T0 + 26 * MS, s), &mut one, &r);
+    let (v, out) = worker.p.again(&mut env(&store, T0 + 26 * MS, s), one, &r);
     assert_eq!(v, Verdict::Pause);
     assert_eq!(
         out.effects,
@@ -247,8 +237,6 @@ fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
             set_headers: vec![("x-envoy-expected-rq-timeout-ms".into(), "994".into())],
         }]
     );
-    let (v, _) = worker
-        .p
-        .resume(&mut env(&store, T0 + 26 * MS, s), &mut one, &r);
+    let (v, _) = worker.p.resume(&mut env(&store, T0 + 26 * MS, s), one, &r);
     assert_eq!(v, Verdict::Continue);
 }
