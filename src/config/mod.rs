@@ -3,7 +3,7 @@
 //! `response` section, the configuration's version) and, in [`fields`],
 //! the validators every mechanism's own `config.rs` uses. A mechanism is
 //! built from its own section plus [`Common`]; the whole configuration is
-//! assembled in `crate::wiring`.
+//! assembled in `src/wiring/`.
 
 pub mod fields;
 

@@ -1,6 +1,6 @@
 //! The request pipeline: what happens to a request from its headers to the
 //! end of its stream, as pure code. It runs the stages it is given in their
-//! order (`crate::wiring` says which and in which order) and owns the
+//! order (`src/wiring/` says which and in which order) and owns the
 //! per-stream state, by stream id (which stages hold something for a
 //! stream; the host keeps none), the exactly-once release on every way a
 //! stream ends, and the tick.
@@ -105,7 +105,7 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline of `stages`, in request order (`crate::wiring` builds
+    /// A pipeline of `stages`, in request order (`src/wiring/` builds
     /// them from the configuration); `metrics` holds what they defined;
     /// `rng` seeds jitter.
     pub fn new(

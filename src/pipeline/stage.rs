@@ -186,7 +186,7 @@ impl<'e> Cx<'_, 'e> {
 }
 
 /// One mechanism in the request pipeline. A new mechanism is a folder with
-/// a type implementing this, registered in `crate::wiring::pipeline` (wiring/mod.rs).
+/// a type implementing this, registered in `wiring::pipeline` (src/wiring/mod.rs).
 ///
 /// Contract: a stage that answers `held: true` for a stream hears of it
 /// again through `response` (unless it said it holds nothing more) and

@@ -1,7 +1,7 @@
 //! Shedding tests: CoDel under scripted delay sequences, and the admission
 //! queue over a store shared by simulated workers.
 
-use super::codec::{CLAIM_REFRESH_MS, CLAIM_TTL_MS, MAX_CLAIMS};
+use super::codec::{decode_shared, Claim, CLAIM_REFRESH_MS, CLAIM_TTL_MS, MAX_CLAIMS};
 use super::codel::Codel;
 use super::*;
 use crate::request::fake::FakeRequest;

@@ -1,0 +1,328 @@
+//! An arriving request at a shedder: admitted at once (from this worker's
+//! lease or a free shared slot), shed (CoDel, `shed_early`, a full queue),
+//! or queued with its turn.
+
+use super::config::{self, Class};
+use super::entry::Op;
+use super::local::{by_turn, wait_limit, Waiter};
+use super::shares::SCALE;
+use super::{Arrival, Shedders};
+use crate::store::Store;
+use std::collections::VecDeque;
+
+impl Shedders {
+    /// Decides on an arriving request of `class` (stream `id`).
+    pub fn arrive(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        id: u32,
+        class: Class,
+    ) -> Arrival {
+        self.arrive_until(store, now_ms, s, (id, class), None)
+    }
+
+    /// Like `arrive`, for a request whose caller gives up at `deadline_ms`:
+    /// it never waits past it.
+    pub fn arrive_until(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        (id, class): (u32, Class),
+        deadline_ms: Option<u64>,
+    ) -> Arrival {
+        self.now_ms = self.now_ms.max(now_ms);
+        self.roll(s, now_ms);
+        let Some(rule) = self.rules.get(s) else {
+            return Arrival::Admit { slot: false };
+        };
+        let Some(conc) = rule.spec.concurrency.clone() else {
+            return self.latency_arrival(s, now_ms, class);
+        };
+        let shares = rule.spec.shares.is_some();
+        // Waiters of a higher or equal class go first (with shares, every
+        // waiter: the arrival's class may not be the one served next).
+        let skip = if shares { 0 } else { class as usize };
+        let ahead = self.local.get(s).map_or(0, |l| {
+            l.queues.iter().skip(skip).map(VecDeque::len).sum::<usize>()
+        });
+        if ahead > 0 && shares {
+            self.look(store, s, now_ms);
+        }
+        let mut turn_ms = self.turn_of(s, class, now_ms);
+        if ahead == 0 {
+            if let Some(admitted) = self.admit_at_once(store, now_ms, s, (class, turn_ms)) {
+                return admitted;
+            }
+            // Its op read the entry: the turn by what it said.
+            turn_ms = self.turn_of(s, class, now_ms);
+        }
+        if conc.shed_early {
+            let places = self.places(s, class, turn_ms, now_ms);
+            if let Some(early) = self.sheds_early(s, (class, places), &conc, now_ms, deadline_ms) {
+                return early;
+            }
+        }
+        let waiter = Waiter {
+            id,
+            class,
+            since_ms: now_ms,
+            turn_ms,
+            deadline_ms,
+        };
+        self.enqueue(store, s, waiter, &conc)
+    }
+
+    /// Latency mode (no concurrency limit): CoDel alone decides.
+    pub(super) fn latency_arrival(&mut self, s: usize, now_ms: u64, class: Class) -> Arrival {
+        let shed = self
+            .local
+            .get_mut(s)
+            .is_some_and(|l| l.codel.shed_on_arrival(now_ms, class));
+        if shed {
+            Arrival::Shed
+        } else {
+            Arrival::Admit { slot: false }
+        }
+    }
+
+    /// The turn of an arrival of `class` (with shares; else `now_ms`).
+    pub(super) fn turn_of(&self, s: usize, class: Class, now_ms: u64) -> u64 {
+        let (Some(sh), Some(l)) = (self.shares(s), self.local.get(s)) else {
+            return now_ms;
+        };
+        // One step after the class's newest waiter on any worker (as this
+        // worker last read the others' claims): a class waiting on two
+        // workers gets one sequence of turns, not one on each.
+        let here = l
+            .queues
+            .get(class as usize)
+            .and_then(|q| q.back())
+            .map(|w| w.turn_ms);
+        let c = class as usize;
+        let base = l.clocks.base(now_ms);
+        let waiting = l.elsewhere.newest.get(c).copied().filter(|&t| t > 0);
+        // And after its last admission on any worker, counted up to the
+        // turn being served, as `Clocks::next` counts this worker's own.
+        let admitted = l
+            .elsewhere
+            .last
+            .get(c)
+            .copied()
+            .filter(|&t| t > 0)
+            .map(|t| t.min(base));
+        l.clocks
+            .next(sh, c, now_ms, here.max(waiting).max(admitted))
+    }
+
+    /// `shed_early`: how many admissions, on every worker, an arrival of
+    /// `class` with `turn` waits for, its own included: the waiters that go
+    /// before it (here, and on the other workers as their claims count
+    /// them) or, with shares, the more of those here and of the turns
+    /// between the turn being served and its own of every class waiting
+    /// anywhere (its own included), which counts the waiters still to come
+    /// that will go first.
+    pub(super) fn places(&self, s: usize, class: Class, turn: u64, now_ms: u64) -> u64 {
+        let (Some(rule), Some(l)) = (self.rules.get(s), self.local.get(s)) else {
+            return 1;
+        };
+        let me = by_turn(turn, class);
+        let count = |c: usize| {
+            l.queues.get(c).map_or(0, |q| q.len() as u64)
+                + l.elsewhere.counts.get(c).copied().unwrap_or(0)
+        };
+        let ahead = match rule.spec.shares {
+            // A share-0 turn is not a place in line: it goes when nobody
+            // else waits.
+            Some(sh) if sh.get(class as usize).is_some_and(|&x| x > 0) => {
+                let here = l
+                    .queues
+                    .iter()
+                    .flatten()
+                    .filter(|w| by_turn(w.turn_ms, w.class) < me)
+                    .count() as u64;
+                let gap = turn.saturating_sub(l.clocks.base(now_ms));
+                let waiting: u64 = (0..3)
+                    .filter(|&c| c == class as usize || count(c) > 0)
+                    .map(|c| u64::from(sh.get(c).copied().unwrap_or(0)))
+                    .sum();
+                // `gap / step` per class, rounded once, to the nearest
+                // (per class, 35 x 2,857 is 99,995: one turn short).
+                here.max(gap.saturating_mul(waiting).saturating_add(SCALE / 2) / SCALE)
+            }
+            // A share-0 arrival: every waiter on every worker goes first.
+            Some(_) => (0..3).map(count).sum(),
+            // Under LIFO while overloaded, an arrival goes before the
+            // older waiters of its class.
+            None => {
+                let skip = class as usize + usize::from(rule.spec.lifo && l.codel.overloaded);
+                (skip..3).map(count).sum()
+            }
+        };
+        ahead.saturating_add(1)
+    }
+
+    /// `shed_early`: whether an arrival with `places` admissions to wait
+    /// for would wait past its limit (`Shed`) or its deadline (`Expired`),
+    /// whichever comes first, at the rate this worker admitted requests
+    /// lately.
+    /// Never while this worker has no waiter: its rate may say little of
+    /// what it would get (a worker that admitted little lately would
+    /// otherwise refuse everything, and go on admitting little).
+    pub(super) fn sheds_early(
+        &mut self,
+        s: usize,
+        (class, places): (Class, u64),
+        conc: &config::ConcurrencySpec,
+        now_ms: u64,
+        deadline_ms: Option<u64>,
+    ) -> Option<Arrival> {
+        let rule = self.rules.get(s)?;
+        let (by_class, window_ms) = (rule.spec.shares.is_none(), rule.spec.interval_ms);
+        let l = self.local.get_mut(s)?;
+        if l.queues.iter().all(VecDeque::is_empty) {
+            return None;
+        }
+        let limit = wait_limit(&l.codel, class, by_class, conc.max_wait_ms);
+        let expected = l.rate.expected_wait_ms(now_ms, window_ms, places)?;
+        // Answered as the queue would have: by whichever comes first, the
+        // deadline or the limit.
+        let left = deadline_ms.map(|d| d.saturating_sub(now_ms));
+        let early = match left {
+            Some(left) if left <= limit && expected >= left => Arrival::Expired,
+            _ if expected >= limit => Arrival::Shed,
+            _ => return None,
+        };
+        l.codel.shed(now_ms);
+        Some(early)
+    }
+
+    /// Admits an arrival from this worker's lease or a free shared slot;
+    /// `None` when there is none (the arrival then queues).
+    pub(super) fn admit_at_once(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: usize,
+        (class, turn): (Class, u64),
+    ) -> Option<Arrival> {
+        if let Some(l) = self.local.get_mut(s).filter(|l| l.lease > 0) {
+            l.lease -= 1;
+            self.observe(s, now_ms, 0);
+            self.admitted(s, now_ms, (class, turn), false);
+            return Some(Arrival::Admit { slot: true });
+        }
+        let admitted = match self.try_op(store, s, Op::Direct) {
+            Some(true) => {
+                self.observe(s, now_ms, 0);
+                Arrival::Admit { slot: true }
+            }
+            None => Arrival::Admit { slot: false },
+            Some(false) => return None,
+        };
+        self.admitted(s, now_ms, (class, turn), false);
+        Some(admitted)
+    }
+
+    /// Counts an admission at shedder `s` in this worker's recent rate
+    /// (with `shed_early`, the only reader).
+    /// With shares, an admission takes its class's turn, whether it waited
+    /// for it (`queued`: the turn being served moves to it) or found a
+    /// free place while nobody waited (its class's next turn comes after
+    /// it, within a step of the turn being served).
+    pub(super) fn admitted(
+        &mut self,
+        s: usize,
+        now_ms: u64,
+        (class, turn): (Class, u64),
+        queued: bool,
+    ) {
+        let Some(rule) = self.rules.get(s) else {
+            return;
+        };
+        let shares = rule.spec.shares.is_some();
+        if let Some(l) = self.local.get_mut(s) {
+            match (shares, queued) {
+                (false, _) => {}
+                (true, true) => l.clocks.served(class as usize, turn, now_ms),
+                (true, false) => l.clocks.took(class as usize, turn, now_ms),
+            }
+        }
+    }
+
+    /// Queues a waiter, or sheds it (or, when the queue is full, the newest
+    /// waiter of a lower class to make room).
+    pub(super) fn enqueue(
+        &mut self,
+        store: &dyn Store,
+        s: usize,
+        w: Waiter,
+        conc: &config::ConcurrencySpec,
+    ) -> Arrival {
+        let shares = self.shares(s);
+        let by_class = shares.is_none();
+        let Some(l) = self.local.get_mut(s) else {
+            return Arrival::Shed;
+        };
+        // With shares, CoDel's thresholds by class do not apply (they would
+        // shed a class before its share comes round): max_wait bounds waits.
+        if (by_class && l.codel.threshold(w.class) == Some(0)) || conc.queue == 0 {
+            l.codel.shed(w.since_ms);
+            return Arrival::Shed;
+        }
+        let mut evicted = None;
+        if l.queues.iter().map(VecDeque::len).sum::<usize>() >= conc.queue as usize {
+            l.codel.shed(w.since_ms);
+            match full_queue_victim(&mut l.queues, &w, shares) {
+                Some(v) => evicted = Some(v),
+                None => return Arrival::Shed,
+            }
+        }
+        if let Some(q) = l.queues.get_mut(w.class as usize) {
+            // With shares, in order of turns (a class's turns only grow
+            // along its queue, but for a turn owed by a waiter that left).
+            let at = q
+                .iter()
+                .rposition(|o| by_class || o.turn_ms <= w.turn_ms)
+                .map_or(0, |i| i + 1);
+            q.insert(at, w);
+        }
+        l.clocks.paid(w.class as usize, w.turn_ms);
+        // An eviction leaves the count as it is; either way the new
+        // waiter may now be this worker's best (its claim).
+        let op = if evicted.is_none() {
+            Op::Enqueue
+        } else {
+            Op::Requeue
+        };
+        self.try_op(store, s, op);
+        Arrival::Queue { evicted }
+    }
+}
+
+/// Makes room in a full queue for `w`: takes out and returns the waiter to
+/// shed in its place, or `None` when `w` itself is the one to shed.
+/// By priority (no `shares`): the newest waiter of the lowest class below
+/// `w`'s. With shares: the waiter that would be served last, the latest
+/// turn (a class's newest, as turns grow along its queue), unless `w`'s
+/// own turn is as late. Shedding by turn keeps each class's waiters in
+/// proportion to its share; shedding the lowest class first would keep it
+/// out of a full queue, and below its share.
+fn full_queue_victim(
+    queues: &mut [VecDeque<Waiter>; 3],
+    w: &Waiter,
+    shares: Option<[u32; 3]>,
+) -> Option<Waiter> {
+    let victim = if shares.is_some() {
+        queues
+            .iter_mut()
+            .filter(|q| q.back().is_some_and(|b| b.turn_ms > w.turn_ms))
+            .max_by_key(|q| q.back().map(|b| b.turn_ms))
+    } else {
+        let mut lower = queues.iter_mut().take(w.class as usize);
+        lower.find(|q| !q.is_empty())
+    };
+    victim.and_then(VecDeque::pop_back)
+}
