@@ -19,18 +19,26 @@ mod adaptive_sim;
 mod arrive;
 pub mod codec;
 pub mod codel;
+#[cfg(test)]
+mod codel_tests;
 pub mod config;
 mod early;
+#[cfg(test)]
+mod early_tests;
 mod entry;
 mod local;
 mod observe;
 pub mod reply;
 mod shares;
+#[cfg(test)]
+mod shares_tests;
 pub mod stage;
 mod store_ops;
 #[cfg(test)]
 mod tests;
 mod wake;
+#[cfg(test)]
+mod workers_tests;
 
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Common, ConfigError};
