@@ -4,7 +4,6 @@
 //! served in the order they came. Memory: at most `queue` waiters per
 //! place, each removed exactly once (admitted, timed out, or gone).
 
-use crate::deadline::Deadline;
 use crate::hash::FastMap;
 use crate::pipeline::stage::StreamId;
 use std::collections::VecDeque;
@@ -26,8 +25,6 @@ pub struct Waiter {
     /// its deadline if that comes first (`by_deadline`).
     pub until_ms: u64,
     pub by_deadline: bool,
-    /// Its deadline as read, to reduce the header when it goes on.
-    pub deadline: Option<Deadline>,
 }
 
 impl Waiter {

@@ -9,7 +9,6 @@ use super::config::LimitSpec;
 use super::queue::{Place, Queues, Waiter};
 use super::{Admission, Bulkheads};
 use crate::config::{Common, ConfigError};
-use crate::deadline::config::DeadlineSpec;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -36,10 +35,6 @@ pub struct BulkheadStage {
     pub(super) held: FastMap<StreamId, Vec<Place>>,
     /// This worker's waiters.
     pub(super) queues: Queues,
-    /// The `deadlines` section, if any: nobody waits past their deadline.
-    pub(super) deadlines: Option<DeadlineSpec>,
-    /// Defined only with a `deadlines` section.
-    pub(super) deadline_refused: Option<MetricId>,
 }
 
 /// A request's fate at one limit.
@@ -55,7 +50,6 @@ pub(super) enum Took {
 /// The stage, if the configuration has concurrency limits.
 pub fn build(
     specs: &[LimitSpec],
-    deadlines: Option<&DeadlineSpec>,
     common: &Common,
     seed: (u64, u64),
     reg: &mut Registry,
@@ -86,7 +80,6 @@ pub fn build(
             }
         })
         .collect();
-    let waits = specs.iter().any(|l| l.wait.is_some());
     Ok(Some(Box::new(BulkheadStage {
         bulkheads: Bulkheads::new(specs, common, seed)?,
         jitter_ns: common.response.retry_after_jitter_ns,
@@ -98,14 +91,6 @@ pub fn build(
         ),
         held: FastMap::default(),
         queues: Queues::default(),
-        deadlines: deadlines.cloned(),
-        deadline_refused: deadlines.filter(|_| waits).map(|_| {
-            reg.labelled(
-                Kind::Counter,
-                "sluice_deadline_refused_total",
-                &[("domain", common.domain.as_str())],
-            )
-        }),
     })))
 }
 
@@ -207,16 +192,8 @@ impl BulkheadStage {
             .get(b)
             .and_then(|r| r.spec.wait)
             .map_or(0, |w| w.max_wait_ms);
-        let deadline = self
-            .deadlines
-            .as_ref()
-            .and_then(|d| crate::deadline::read(d, req));
         let by_wait = now.saturating_add(max_wait);
-        let by_deadline = deadline
-            .as_ref()
-            .zip(self.deadlines.as_ref())
-            .map(|(d, spec)| now.saturating_add(spec.wait_ms(d, 0)))
-            .filter(|&at| at < by_wait);
+        let by_deadline = cx.wait_until_ms(id).filter(|&at| at < by_wait);
         self.park(
             cx,
             id,
@@ -226,7 +203,6 @@ impl BulkheadStage {
                 since_ms: now,
                 until_ms: by_deadline.unwrap_or(by_wait),
                 by_deadline: by_deadline.is_some(),
-                deadline,
             },
         );
     }

@@ -98,16 +98,7 @@ impl BulkheadStage {
                 }
             }
         }
-        let waited_ms = cx.now_ms().saturating_sub(w.since_ms);
-        let set_headers = crate::deadline::resume_headers(
-            self.deadlines.as_ref(),
-            w.deadline.as_ref(),
-            waited_ms,
-        );
-        cx.effects.push(Effect::Resume {
-            stream: id,
-            set_headers,
-        });
+        cx.effects.push(Effect::Resume { stream: id });
         None
     }
 
@@ -122,19 +113,8 @@ impl BulkheadStage {
         cx.add(m.queued, -1);
         cx.add(m.timed_out, 1);
         let rejection = if w.by_deadline {
-            if let Some(d) = self.deadline_refused {
-                cx.add(d, 1);
-            }
             let name = self.bulkheads.rules.get(b).map_or("", |r| &r.spec.name);
-            let (status, left) = self
-                .deadlines
-                .as_ref()
-                .map_or((504, 0), |d| (d.status, d.left_at(w.until_ms, cx.now_ms())));
-            Some(crate::deadline::reply::rejection(
-                &format!("bulkhead/{name}"),
-                status,
-                left,
-            ))
+            Some(cx.deadline_answer(id, &format!("bulkhead/{name}")))
         } else {
             self.rejection(cx, b)
         };

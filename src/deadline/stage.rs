@@ -2,46 +2,35 @@
 //! than `min_remaining` is refused before any mechanism spends anything.
 
 use super::config::DeadlineSpec;
-use crate::config::{Common, ConfigError};
+use crate::config::ConfigError;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
-use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
 
 /// The deadline stage of one configuration.
 pub struct DeadlineStage {
-    spec: DeadlineSpec,
-    refused: MetricId,
+    min_remaining_ms: u64,
 }
 
-/// The stage, if the configuration has a `deadlines` section.
-pub fn build(
-    spec: Option<&DeadlineSpec>,
-    common: &Common,
-    reg: &mut Registry,
-) -> Result<Option<Box<dyn Stage>>, ConfigError> {
-    let Some(spec) = spec.cloned() else {
-        return Ok(None);
-    };
-    let refused = reg.labelled(
-        Kind::Counter,
-        "sluice_deadline_refused_total",
-        &[("domain", common.domain.as_str())],
-    );
-    Ok(Some(Box::new(DeadlineStage { spec, refused })))
+/// The stage, if the configuration has a `deadlines` section (the pipeline
+/// reads each request's deadline: see `pipeline/deadline.rs`).
+pub fn build(spec: Option<&DeadlineSpec>) -> Result<Option<Box<dyn Stage>>, ConfigError> {
+    Ok(spec.map(|s| {
+        Box::new(DeadlineStage {
+            min_remaining_ms: s.min_remaining_ms,
+        }) as Box<dyn Stage>
+    }))
 }
 
 impl Stage for DeadlineStage {
     fn request(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        _stream: StreamId,
-        req: &dyn RequestView,
+        stream: StreamId,
+        _req: &dyn RequestView,
     ) -> Decision {
-        match super::read(&self.spec, req) {
-            Some(d) if d.remaining_ms <= self.spec.min_remaining_ms => {
-                cx.add(self.refused, 1);
-                let r = super::reply::rejection("deadline", self.spec.status, d.remaining_ms);
-                Decision::of(Step::Reply(r), false)
+        match cx.deadline_left_ms(stream) {
+            Some(left) if left <= self.min_remaining_ms => {
+                Decision::of(Step::Reply(cx.deadline_answer(stream, "deadline")), false)
             }
             _ => Decision::pass(),
         }

@@ -1,7 +1,7 @@
 //! Deadlines: reading them as gRPC and Envoy write them, reducing them by a
 //! wait, refusing what cannot finish, and never queueing past one.
 
-use super::*;
+use crate::pipeline::deadline::*;
 use crate::request::fake::FakeRequest;
 use crate::shed::{Arrival, Class, Shedders, Wake};
 use crate::store::memory::MemoryStore;

@@ -120,18 +120,8 @@ impl Plugin {
         }
         for e in out.effects {
             match e {
-                Effect::Resume {
-                    stream,
-                    set_headers,
-                } => {
+                Effect::Resume { stream } => {
                     if hostcalls::set_effective_context(stream).is_ok() {
-                        for (name, value) in &set_headers {
-                            let _ = hostcalls::set_map_value(
-                                MapType::HttpRequestHeaders,
-                                name,
-                                Some(value),
-                            );
-                        }
                         self.go_on(stream, false);
                     } else {
                         self.lost(stream);
@@ -183,6 +173,11 @@ impl Plugin {
         };
         match verdict {
             Verdict::Continue => {
+                // Its deadline headers, reduced by its wait.
+                for (name, value) in &out.request_headers {
+                    let _ =
+                        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value));
+                }
                 let _ = hostcalls::resume_http_request();
             }
             Verdict::Pause => {}

@@ -79,19 +79,18 @@ impl H {
     fn effects(&mut self, out: Outcome) {
         for e in out.effects {
             match e {
-                Effect::Resume {
-                    stream,
-                    set_headers,
-                } => {
-                    self.log.push(format!("resume {stream} {:?}", set_headers));
-                    for (k, v) in set_headers {
-                        self.reqs[stream as usize].headers.insert(k, v.into_bytes());
-                    }
-                    let v = self.with(|p, env, ss, rq| {
-                        let id = stream as usize;
-                        p.resume(env, ss[id], &rq[id])
+                Effect::Resume { stream } => {
+                    let id = stream as usize;
+                    let (v, headers) = self.with(|p, env, ss, rq| {
+                        let (v, out) = p.resume(env, ss[id], &rq[id]);
+                        ((v, out.request_headers.clone()), out)
                     });
-                    self.log.push(format!("  -> {stream} {:?}", v));
+                    // Set before it goes on, as the host does.
+                    self.log
+                        .push(format!("resume {stream} -> {:?} {:?}", v, headers));
+                    for (k, v) in headers {
+                        self.reqs[id].headers.insert(k, v.into_bytes());
+                    }
                     assert_eq!(
                         self.phase[stream as usize], 0,
                         "resume of non-paused {stream}"

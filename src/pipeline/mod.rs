@@ -17,6 +17,7 @@
 
 #[cfg(test)]
 mod chain_tests;
+pub mod deadline;
 pub mod stage;
 pub mod telemetry;
 #[cfg(test)]
@@ -29,6 +30,7 @@ use crate::hash::FastMap;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
+use deadline::Budgets;
 use std::time::Duration;
 use telemetry::Registry;
 
@@ -89,6 +91,10 @@ pub struct Outcome {
     pub calls: Vec<Call>,
     /// Words to other VMs, in order.
     pub signals: Vec<Signal>,
+    /// Request headers the host sets on the decided request before it goes
+    /// on after a wait: every deadline header it carries, reduced by the
+    /// wait (`deadlines.propagate`).
+    pub request_headers: Vec<(String, String)>,
 }
 
 /// One configuration's pipeline, in one VM.
@@ -97,6 +103,8 @@ pub struct Pipeline {
     rng: SplitMix,
     fast_tick: bool,
     response: ResponseSpec,
+    /// The `deadlines` section's budgets of the streams alive.
+    budgets: Option<Budgets>,
     /// The streams it keeps something of (see [`Stream`]), by id: the host
     /// keeps none of the pipeline's state.
     streams: FastMap<StreamId, Stream>,
@@ -106,11 +114,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// A pipeline of `stages`, in request order (`src/wiring/` builds
-    /// them from the configuration); `metrics` holds what they defined;
-    /// `rng` seeds jitter.
+    /// them from the configuration), with the `deadlines` section's
+    /// `budgets` if it has one; `metrics` holds what they defined; `rng`
+    /// seeds jitter.
     pub fn new(
         stages: Vec<Box<dyn Stage>>,
         response: ResponseSpec,
+        budgets: Option<Budgets>,
         metrics: Registry,
         rng: u64,
     ) -> Self {
@@ -119,6 +129,7 @@ impl Pipeline {
             rng: SplitMix(rng),
             fast_tick: false,
             response,
+            budgets,
             streams: FastMap::default(),
             metrics,
         }
@@ -140,14 +151,16 @@ impl Pipeline {
         env: &mut Env<'_>,
         f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
     ) -> (R, Outcome) {
-        self.with_cx_since(env, None, f)
+        self.with_cx_since(env, None, None, f)
     }
 
-    /// `with_cx` for a request that arrived at `arrived_ms` (a resumed one).
+    /// `with_cx` for a request that arrived at `arrived_ms` (a resumed
+    /// one), at `now_ns` if the time was read already.
     fn with_cx_since<R>(
         &mut self,
         env: &mut Env<'_>,
         arrived_ms: Option<u64>,
+        now_ns: Option<u64>,
         f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
     ) -> (R, Outcome) {
         let mut effects = Vec::new();
@@ -155,8 +168,9 @@ impl Pipeline {
         let mut signals = Vec::new();
         let mut cx = Cx {
             env,
-            now_ns: None,
+            now_ns,
             arrived_ms,
+            budgets: self.budgets.as_ref(),
             rng: &mut self.rng,
             effects: &mut effects,
             calls: &mut calls,
@@ -173,6 +187,7 @@ impl Pipeline {
                 tick,
                 calls,
                 signals,
+                request_headers: Vec::new(),
             },
         )
     }
@@ -204,7 +219,15 @@ impl Pipeline {
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
         let mut stream = Stream::new(id);
-        let r = self.with_cx(env, |stages, cx| run(stages, cx, &mut stream, req, 0));
+        // The deadline is read once, on arrival, and kept for the stream.
+        let now_ns = self.budgets.as_mut().map(|b| {
+            let now_ns = (env.clock)();
+            b.arrive(id, req, now_ns / 1_000_000);
+            now_ns
+        });
+        let r = self.with_cx_since(env, None, now_ns, |stages, cx| {
+            run(stages, cx, &mut stream, req, 0)
+        });
         self.keep(stream);
         r
     }
@@ -257,11 +280,18 @@ impl Pipeline {
             return (Verdict::Continue, Outcome::default());
         };
         let arrived = stream.arrived_ms;
-        let r = self.with_cx_since(env, arrived, |stages, cx| {
-            run(stages, cx, &mut stream, req, at + after)
+        let ((verdict, headers), mut out) = self.with_cx_since(env, arrived, None, |stages, cx| {
+            let verdict = run(stages, cx, &mut stream, req, at + after);
+            // It goes on after a wait: its deadline headers, reduced.
+            let headers = match (&verdict, cx.budgets) {
+                (Verdict::Continue, Some(b)) => b.headers_after_wait(id, cx.now_ms()),
+                _ => Vec::new(),
+            };
+            (verdict, headers)
         });
+        out.request_headers = headers;
         self.keep(stream);
-        r
+        (verdict, out)
     }
 
     /// The response headers: the stages holding something for the stream
@@ -294,6 +324,9 @@ impl Pipeline {
     /// The stream ended, however it ended: every stage holding something
     /// for it releases it, exactly once.
     pub fn end(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
+        if let Some(b) = &mut self.budgets {
+            b.end(id);
+        }
         let Some(mut stream) = self.streams.remove(&id) else {
             return Outcome::default();
         };
@@ -307,7 +340,7 @@ impl Pipeline {
     /// The streams the pipeline keeps something of (bounded by the streams
     /// alive: each is forgotten at its end).
     pub fn streams_kept(&self) -> usize {
-        self.streams.len()
+        self.streams.len() + self.budgets.as_ref().map_or(0, Budgets::kept)
     }
 
     /// Whether any stage holds something for stream `id`.

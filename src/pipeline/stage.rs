@@ -3,6 +3,7 @@
 //! with values; [`Cx`] is what a stage may use (the store, the clock,
 //! randomness, metrics, and effects on other streams).
 
+use super::deadline::Budgets;
 use super::telemetry::{MetricId, Sink};
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
@@ -30,19 +31,15 @@ pub enum Effect {
         stream: StreamId,
         rejection: Rejection,
     },
-    /// The paused stream may go on: the host sets these request headers (a
-    /// deadline reduced by the wait), then calls `Pipeline::resume` for it,
-    /// so that the stages after the one that paused it decide on it, and
-    /// carries out that verdict. If the host finds the stream gone, it must
-    /// call `Pipeline::gone` for it (it may hold a slot).
-    Resume {
-        stream: StreamId,
-        set_headers: Vec<(String, String)>,
-    },
+    /// The paused stream may go on: the host calls `Pipeline::resume` for
+    /// it, so that the stages after the one that paused it decide on it,
+    /// and carries out that verdict. If the host finds the stream gone, it
+    /// must call `Pipeline::end` for it (it may hold a slot).
+    Resume { stream: StreamId },
     /// The paused stream is decided on again by the stage that paused it,
     /// as on its arrival (what it waits for may have come: a global key's
     /// first tokens): the host calls `Pipeline::again` for it and carries
-    /// out that verdict; a stream found gone, `Pipeline::gone`.
+    /// out that verdict; a stream found gone, `Pipeline::end`.
     Again { stream: StreamId },
 }
 
@@ -123,6 +120,8 @@ pub struct Cx<'a, 'e> {
     pub(super) now_ns: Option<u64>,
     /// When the current request arrived, if it was paused since (ms).
     pub(super) arrived_ms: Option<u64>,
+    /// The streams' deadlines, with a `deadlines` section.
+    pub(super) budgets: Option<&'a Budgets>,
     /// The pipeline's random source (jitter).
     pub rng: &'a mut SplitMix,
     /// Effects on other streams, in order.
@@ -166,6 +165,36 @@ impl<'e> Cx<'_, 'e> {
         match self.arrived_ms {
             Some(a) => self.now_ms().saturating_sub(a),
             None => 0,
+        }
+    }
+
+    /// Until when stream `id` may wait in sluice (ms): `min_remaining`
+    /// before its caller's deadline; `None` without one (or without a
+    /// `deadlines` section).
+    pub fn wait_until_ms(&self, id: StreamId) -> Option<u64> {
+        self.budgets?.until_ms(id)
+    }
+
+    /// The time stream `id` still has before its caller's deadline (ms).
+    pub fn deadline_left_ms(&mut self, id: StreamId) -> Option<u64> {
+        let budgets = self.budgets?;
+        let now = self.now_ms();
+        budgets.left_ms(id, now)
+    }
+
+    /// The answer to stream `id`, whose deadline cannot be met (or, having
+    /// waited, passed): the `deadlines` status, gRPC DEADLINE_EXCEEDED and
+    /// the time it truly has left; `by` names what refused it. Counted in
+    /// `sluice_deadline_refused_total`.
+    pub fn deadline_answer(&mut self, id: StreamId, by: &str) -> Rejection {
+        let now = self.now_ms();
+        match self.budgets {
+            Some(b) => {
+                let (rejection, refused) = b.answer(id, by, now);
+                self.env.sink.add(refused, 1);
+                rejection
+            }
+            None => super::deadline::rejection(by, 504, 0),
         }
     }
 

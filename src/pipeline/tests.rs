@@ -436,13 +436,7 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
     assert_eq!(ticks[1], (Verdict::Continue, None));
     assert_eq!(ticks[2], (Verdict::Pause, Some(FAST_TICK)));
     let out = p.end(&mut env, streams[0]);
-    assert_eq!(
-        out.effects,
-        vec![Effect::Resume {
-            stream: 2,
-            set_headers: vec![]
-        }]
-    );
+    assert_eq!(out.effects, vec![Effect::Resume { stream: 2 }]);
     assert_eq!(out.tick, Some(SLOW_TICK));
 }
 
@@ -639,13 +633,7 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
     // ...whose wake-up (on its queue, not another) lets its waiter go on.
     assert!(b.woken(&mut env, &qa[0]).effects.is_empty());
     let out = b.woken(&mut env, &qb[0]);
-    assert_eq!(
-        out.effects,
-        vec![Effect::Resume {
-            stream: 10,
-            set_headers: vec![]
-        }]
-    );
+    assert_eq!(out.effects, vec![Effect::Resume { stream: 10 }]);
     // Nobody waits now: the next release wakes nobody.
     assert!(a.end(&mut env, held[1]).signals.is_empty());
 }

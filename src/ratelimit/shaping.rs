@@ -5,7 +5,6 @@
 //! worker, when each held request may go.
 
 use super::Reservation;
-use crate::deadline::Deadline;
 use crate::pipeline::stage::StreamId;
 
 /// One held request.
@@ -19,8 +18,6 @@ pub struct Held {
     pub rules: Vec<usize>,
     /// Its charges, given back if it leaves before its turn.
     pub reservations: Vec<Reservation>,
-    /// Its deadline, reduced by the wait when it goes on.
-    pub deadline: Option<Deadline>,
 }
 
 /// The requests one worker holds, and how many per rule.
@@ -106,7 +103,6 @@ mod tests {
             due_ns,
             rules,
             reservations: Vec::new(),
-            deadline: None,
         }
     }
 

@@ -8,7 +8,6 @@ use super::reply::{action, Action, PolicyInfo};
 use super::shaping::{Held, HeldList};
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Common, ConfigError, ResponseSpec};
-use crate::deadline::config::DeadlineSpec;
 use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -36,8 +35,7 @@ struct RuleMetrics {
 /// until admitted or `until_ns`.
 struct Waiting {
     stream: StreamId,
-    /// When it started waiting here, and until when it may.
-    since_ns: u64,
+    /// Until when it may wait.
     until_ns: u64,
     /// When its demand was last noted.
     noted_ns: u64,
@@ -66,9 +64,6 @@ pub struct RateLimits {
     held: HeldList,
     /// Requests waiting for global keys' first tokens (`wait_for_tokens`).
     waiting: Vec<Waiting>,
-    /// Held requests never wait past their deadline, and go upstream with
-    /// it reduced by the wait.
-    deadlines: Option<DeadlineSpec>,
     /// Global rules: their coordinator, and each rule's index among them.
     global: Option<Coordinator>,
     global_of: Vec<Option<usize>>,
@@ -97,7 +92,6 @@ struct GlobalMetrics {
 /// The stage, if the configuration has rules.
 pub fn build(
     specs: &[RuleSpec],
-    deadlines: Option<&DeadlineSpec>,
     common: &Common,
     seed: (u64, u64),
     vm: u64,
@@ -138,7 +132,6 @@ pub fn build(
         shaping,
         held: HeldList::new(specs.len()),
         waiting: Vec::new(),
-        deadlines: deadlines.cloned(),
         global,
         global_of,
         global_metrics,
@@ -329,21 +322,17 @@ impl Stage for RateLimits {
         if let Some(wait) = self.wait_for_tokens(cx, (stream, req), &eval, again, now) {
             return wait;
         }
-        let waited_ns = match again {
-            // Decided at last: its demand was noted when it arrived.
+        match again {
+            // Decided at last: its demand was noted when it arrived (the
+            // pipeline reduces its deadline headers by the wait).
             Some(i) => {
                 cx.tick_changed = true;
-                let w = self.waiting.swap_remove(i);
-                now.saturating_sub(w.since_ns)
+                self.waiting.swap_remove(i);
             }
-            None => {
-                self.note_demand(cx, &eval, req, false);
-                0
-            }
-        };
+            None => self.note_demand(cx, &eval, req, false),
+        }
         self.record(cx, &eval);
-        let decision = self.answer(cx, &eval);
-        self.after_waiting(cx, (stream, req), decision, waited_ns)
+        self.answer(cx, &eval)
     }
 
     fn response(
@@ -400,15 +389,7 @@ impl Stage for RateLimits {
                     cx.record(histogram, waited_ms);
                 }
             }
-            let set_headers = crate::deadline::resume_headers(
-                self.deadlines.as_ref(),
-                h.deadline.as_ref(),
-                waited_ms,
-            );
-            cx.effects.push(Effect::Resume {
-                stream: h.stream,
-                set_headers,
-            });
+            cx.effects.push(Effect::Resume { stream: h.stream });
         }
         cx.tick_changed = true;
     }
@@ -592,11 +573,7 @@ impl RateLimits {
             }
             None if self.waiting.len() >= MAX_WAITING => return None,
             None => {
-                let d = self
-                    .deadlines
-                    .as_ref()
-                    .and_then(|spec| crate::deadline::read(spec, req));
-                let left_ns = self.wait_left_ns(d.as_ref(), cx.waited_ms());
+                let left_ns = wait_left_ns(cx, stream, now);
                 now.saturating_add(wait_ns.min(left_ns))
             }
         };
@@ -607,46 +584,12 @@ impl RateLimits {
             self.note_demand(cx, eval, req, false);
             self.waiting.push(Waiting {
                 stream,
-                since_ns: now,
                 until_ns,
                 noted_ns: now,
             });
             cx.tick_changed = true;
         }
         Some(Decision::of(Step::Pause, true))
-    }
-
-    /// A request admitted after waiting for tokens goes on as one resumed
-    /// from a queue: with its deadline header reduced by the wait here
-    /// (`deadlines.propagate`), so that the next stages and the upstream see
-    /// what is left of it. It pauses once more, and the host resumes it
-    /// at once with the reduced header (`Effect::Resume`).
-    fn after_waiting(
-        &self,
-        cx: &mut Cx<'_, '_>,
-        (stream, req): (StreamId, &dyn RequestView),
-        decision: Decision,
-        waited_ns: u64,
-    ) -> Decision {
-        // Most requests never waited: no header to read for them.
-        if waited_ns < NS_PER_MS || decision.step != Step::Continue {
-            return decision;
-        }
-        let spec = self.deadlines.as_ref();
-        let d = spec.and_then(|s| crate::deadline::read(s, req));
-        let set_headers = crate::deadline::resume_headers(spec, d.as_ref(), waited_ns / NS_PER_MS);
-        if set_headers.is_empty() {
-            return decision;
-        }
-        cx.effects.push(Effect::Resume {
-            stream,
-            set_headers,
-        });
-        Decision {
-            step: Step::Pause,
-            held: true,
-            response_headers: decision.response_headers,
-        }
     }
 
     /// How long a refused request may wait for tokens: the shortest
@@ -695,11 +638,7 @@ impl RateLimits {
         req: &dyn RequestView,
         now: u64,
     ) -> Decision {
-        let deadline = self
-            .deadlines
-            .as_ref()
-            .and_then(|d| crate::deadline::read(d, req));
-        let left_ns = self.wait_left_ns(deadline.as_ref(), cx.waited_ms());
+        let left_ns = wait_left_ns(cx, stream, now);
         let (held, limiter) = (&self.held, &self.limiter);
         let cap = |rule: usize| {
             let full = limiter
@@ -732,7 +671,6 @@ impl RateLimits {
             due_ns: now.saturating_add(eval.delay_ns),
             rules,
             reservations: eval.reservations,
-            deadline,
         };
         self.count_held(cx, &h, 1);
         self.held.hold(h);
@@ -746,15 +684,6 @@ impl RateLimits {
         }
     }
 
-    /// How long a request with deadline `d` (read now, after waiting
-    /// `waited_ms` in earlier stages) may still wait here, in ns.
-    fn wait_left_ns(&self, d: Option<&crate::deadline::Deadline>, waited_ms: u64) -> u64 {
-        match (d, &self.deadlines) {
-            (Some(d), Some(spec)) => spec.wait_ms(d, waited_ms).saturating_mul(NS_PER_MS),
-            _ => u64::MAX,
-        }
-    }
-
     /// The decision on an evaluated request that is not held.
     fn answer(&self, cx: &mut Cx<'_, '_>, eval: &Evaluation) -> Decision {
         match action(eval, &self.response, &self.policies, cx.rng) {
@@ -765,5 +694,14 @@ impl RateLimits {
             },
             Action::Reject(r) => Decision::of(Step::Reply(r), false),
         }
+    }
+}
+
+/// How long stream `stream` may still wait here at `now_ns` (ns): until
+/// `min_remaining` before its deadline, or without end if it sent none.
+fn wait_left_ns(cx: &Cx<'_, '_>, stream: StreamId, now_ns: u64) -> u64 {
+    match cx.wait_until_ms(stream) {
+        Some(until_ms) => until_ms.saturating_mul(NS_PER_MS).saturating_sub(now_ns),
+        None => u64::MAX,
     }
 }

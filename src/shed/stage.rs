@@ -6,8 +6,6 @@
 
 use super::{Arrival, Class, ShedderSpec, Shedders, Wake};
 use crate::config::{Common, ConfigError};
-use crate::deadline::config::DeadlineSpec;
-use crate::deadline::Deadline;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Effect, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -41,15 +39,6 @@ pub struct ShedStage {
     /// Latency-mode shedders to report a stream's response latency to, and
     /// when the request arrived (ms).
     watched: FastMap<StreamId, (Vec<usize>, u64)>,
-    /// The `deadlines` section, if any: queued requests never wait past
-    /// their deadline, and one that waited goes upstream with it reduced.
-    deadlines: Option<DeadlineSpec>,
-    /// The deadline of each queued stream that sent one.
-    /// With when this stage read it (ms): a wait here is taken off from
-    /// then, whatever earlier stages already took off.
-    deadline_of: FastMap<StreamId, (Deadline, u64)>,
-    /// Defined only with a `deadlines` section.
-    deadline_refused: Option<MetricId>,
     /// A queued stream that more shedders match: those, to pass once it
     /// leaves the queue it waits in.
     rest: FastMap<StreamId, Rest>,
@@ -73,15 +62,12 @@ fn queue_name(worker: u32) -> String {
 /// The shedders a queued stream has still to pass.
 struct Rest {
     classes: Vec<(usize, Class)>,
-    /// When its deadline passes (ms), if it sent one.
-    until: Option<u64>,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
 /// claims in the shared queue entries.
 pub fn build(
     specs: &[ShedderSpec],
-    deadlines: Option<&DeadlineSpec>,
     common: &Common,
     now_ms: u64,
     worker: u32,
@@ -104,8 +90,6 @@ pub fn build(
             .iter()
             .any(|s| s.concurrency.as_ref().is_some_and(|c| c.adaptive.is_some())),
         watched: FastMap::default(),
-        deadlines: deadlines.cloned(),
-        deadline_of: FastMap::default(),
         rest: FastMap::default(),
         waking: false,
         wake_again: false,
@@ -114,13 +98,6 @@ pub fn build(
         listening: !specs
             .iter()
             .any(|s| s.concurrency.as_ref().is_some_and(|c| c.queue > 0)),
-        deadline_refused: deadlines.map(|_| {
-            reg.labelled(
-                Kind::Counter,
-                "sluice_deadline_refused_total",
-                &[("domain", common.domain.as_str())],
-            )
-        }),
     })))
 }
 
@@ -286,14 +263,11 @@ impl ShedStage {
                         }
                         match self.rest.remove(&id) {
                             Some(rest) => self.pass_rest(cx, id, rest),
-                            None => self.go_on(cx, id, now),
+                            None => self.go_on(cx, id),
                         }
                     }
-                    Wake::Shed { waiter } => {
-                        self.deadline_of.remove(&waiter.id);
-                        self.shed_other(cx, s, waiter.class, waiter.id)
-                    }
-                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id, waiter.deadline_ms),
+                    Wake::Shed { waiter } => self.shed_other(cx, s, waiter.class, waiter.id),
+                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id),
                 }
             }
         }
@@ -305,16 +279,12 @@ impl ShedStage {
     /// it (again) or shed it. Admitted by all, it goes on.
     fn pass_rest(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, rest: Rest) {
         let now = cx.now_ms();
-        // Kept, with when this stage read it, should it queue again.
-        let (d, read_ms) = match self.deadline_of.get(&id) {
-            Some((d, read_ms)) => (rest.until.map(|until| (d.clone(), until)), *read_ms),
-            None => (None, now),
-        };
+        let until = cx.wait_until_ms(id);
         let mut watched = Vec::new();
-        match self.arrive(cx, (id, now, read_ms), rest.classes, d, &mut watched) {
+        match self.arrive(cx, (id, now), rest.classes, until, &mut watched) {
             None => {
                 self.watch(id, watched, now);
-                self.go_on(cx, id, now);
+                self.go_on(cx, id);
             }
             Some(Step::Reply(rejection)) => {
                 for s in watched {
@@ -330,19 +300,15 @@ impl ShedStage {
         }
     }
 
-    /// A stream that waited goes upstream now, its deadline header reduced
-    /// by its wait here; an adaptive limit's latency sample starts here,
-    /// not at a slot taken before a wait at another shedder.
-    fn go_on(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, now: u64) {
+    /// A stream that waited goes on now (the pipeline reduces its
+    /// deadline headers by the wait); an adaptive limit's latency sample
+    /// starts here, not at a slot taken before a wait at another shedder.
+    fn go_on(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
         if self.adaptive && self.held.contains_key(&id) {
             let now_ns = cx.now_ns();
             self.admitted_ns.insert(id, now_ns);
         }
-        let set_headers = self.reduced_deadline(id, now);
-        cx.effects.push(Effect::Resume {
-            stream: id,
-            set_headers,
-        });
+        cx.effects.push(Effect::Resume { stream: id });
     }
 
     /// Let through with no slot: a latency-mode shedder watches its answer.
@@ -369,62 +335,30 @@ impl ShedStage {
         }
     }
 
-    /// The deadline header a resumed stream goes upstream with: what was
-    /// left when it came to this stage, less its wait here since (when
-    /// `propagate` is on).
-    fn reduced_deadline(&mut self, id: StreamId, now: u64) -> Vec<(String, String)> {
-        let Some((d, read_ms)) = self.deadline_of.remove(&id) else {
-            return Vec::new();
-        };
-        let waited_ms = now.saturating_sub(read_ms);
-        crate::deadline::resume_headers(self.deadlines.as_ref(), Some(&d), waited_ms)
-    }
-
     /// Answers a queued stream whose deadline passed while it waited.
-    fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId, until: Option<u64>) {
-        self.deadline_of.remove(&id);
-        let rejection = self.deadline_answer(cx, s, until);
+    fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) {
+        let rejection = self.deadline_answer(cx, s, id);
         cx.effects.push(Effect::Reply {
             stream: id,
             rejection,
         });
     }
 
-    /// The answer to a request whose deadline passes (or, with
-    /// `shed_early`, would pass) in shedder `s`'s queue, counted. `until`
-    /// is when the wait it may spend runs out (`min_remaining` before its
-    /// caller's deadline): the answer says how much time it truly has left.
-    fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize, until: Option<u64>) -> Rejection {
+    /// The answer to stream `id`, whose deadline passes (or, with
+    /// `shed_early`, would pass) in shedder `s`'s queue, counted: the
+    /// answer says how much time it truly has left.
+    fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) -> Rejection {
         let name = self
             .shedders
             .rules
             .get(s)
             .map_or("", |r| r.spec.name.as_str());
-        let status = self.deadlines.as_ref().map_or(504, |d| d.status);
-        if let Some(m) = self.deadline_refused {
-            cx.add(m, 1);
-        }
-        let remaining_ms = self
-            .deadlines
-            .as_ref()
-            .zip(until)
-            .map_or(0, |(d, until)| d.left_at(until, cx.now_ms()));
-        crate::deadline::reply::rejection(&format!("shed/{name}"), status, remaining_ms)
-    }
-
-    /// The request's deadline, if the configuration reads deadlines and it
-    /// sent one: (as read, when it passes in ms).
-    fn deadline(&self, req: &dyn RequestView, now: u64, waited_ms: u64) -> Option<(Deadline, u64)> {
-        let spec = self.deadlines.as_ref()?;
-        let d = crate::deadline::read(spec, req)?;
-        let at = now.saturating_add(spec.wait_ms(&d, waited_ms));
-        Some((d, at))
+        cx.deadline_answer(id, &format!("shed/{name}"))
     }
 
     /// Releases the stream's slots and takes it out of any queue, then
     /// lets waiters in.
     fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
-        self.deadline_of.remove(&id);
         self.rest.remove(&id);
         if self.adaptive {
             self.admitted_ns.remove(&id);
@@ -451,12 +385,11 @@ impl ShedStage {
     fn arrive(
         &mut self,
         cx: &mut Cx<'_, '_>,
-        (id, now, read_ms): (StreamId, u64, u64),
+        (id, now): (StreamId, u64),
         classes: Vec<(usize, Class)>,
-        deadline: Option<(Deadline, u64)>,
+        until: Option<u64>,
         watched: &mut Vec<usize>,
     ) -> Option<Step> {
-        let until = deadline.as_ref().map(|d| d.1);
         for (k, &(s, class)) in classes.iter().enumerate() {
             let arrival = self
                 .shedders
@@ -472,7 +405,7 @@ impl ShedStage {
                 }
                 Arrival::Expired => {
                     self.finish(cx, id);
-                    return Some(Step::Reply(self.deadline_answer(cx, s, until)));
+                    return Some(Step::Reply(self.deadline_answer(cx, s, id)));
                 }
                 Arrival::Queue { evicted } => {
                     cx.add(self.m(s).queued, 1);
@@ -481,15 +414,11 @@ impl ShedStage {
                         cx.add(self.m(s).queued, -1);
                         self.shed_other(cx, s, w.class, w.id);
                     }
-                    if let Some((d, _)) = deadline {
-                        self.deadline_of.insert(id, (d, read_ms));
-                    }
                     // The shedders after this one see it when it leaves
                     // the queue (`pass_rest`).
                     if let Some(more) = classes.get(k + 1..).filter(|m| !m.is_empty()) {
                         let rest = Rest {
                             classes: more.to_vec(),
-                            until,
                         };
                         self.rest.insert(id, rest);
                     }
@@ -513,14 +442,8 @@ impl Stage for ShedStage {
         let now = cx.now_ms();
         let classes = self.shedders.classify(req);
         let mut watched = Vec::new();
-        // Only a request some shedder sees may wait, so only it needs its deadline.
-        let deadline = if classes.is_empty() {
-            None
-        } else {
-            let waited = cx.waited_ms();
-            self.deadline(req, now, waited)
-        };
-        let step = self.arrive(cx, (id, now, now), classes, deadline, &mut watched);
+        let until = cx.wait_until_ms(id);
+        let step = self.arrive(cx, (id, now), classes, until, &mut watched);
         self.ask_merge_soon(cx);
         if let Some(Step::Reply(r)) = step {
             for s in watched {

@@ -17,7 +17,8 @@ mod tests;
 pub use config::{parse, Config};
 
 use crate::config::ConfigError;
-use crate::pipeline::telemetry::Registry;
+use crate::pipeline::deadline::Budgets;
+use crate::pipeline::telemetry::{Kind, Registry};
 use crate::pipeline::{Pipeline, Stage};
 
 /// Builds a configuration's pipeline, its stages in request order:
@@ -38,17 +39,29 @@ pub fn pipeline(
     let deadlines = config.deadlines.as_ref();
     let mut metrics = Registry::default();
     let m = &mut metrics;
+    // The pipeline reads every request's deadline and bounds every wait by it.
+    let budgets = deadlines.map(|spec| {
+        let labels = [("domain", common.domain.as_str())];
+        let refused = m.labelled(Kind::Counter, "sluice_deadline_refused_total", &labels);
+        Budgets::new(spec.clone(), refused)
+    });
     // The registration list: one line per mechanism, in request order.
     let stages: Vec<Box<dyn Stage>> = [
-        crate::deadline::stage::build(deadlines, common, m)?,
+        crate::deadline::stage::build(deadlines)?,
         crate::breaker::stage::build(&config.breakers, common, seed, m)?,
         crate::retry::stage::build(&config.retry_budgets, common, m)?,
-        crate::bulkhead::stage::build(&config.concurrency_limits, deadlines, common, seed, m)?,
-        crate::ratelimit::stage::build(&config.rules, deadlines, common, seed, rng, m)?,
-        crate::shed::stage::build(&config.shedders, deadlines, common, now_ms, worker, m)?,
+        crate::bulkhead::stage::build(&config.concurrency_limits, common, seed, m)?,
+        crate::ratelimit::stage::build(&config.rules, common, seed, rng, m)?,
+        crate::shed::stage::build(&config.shedders, common, now_ms, worker, m)?,
     ]
     .into_iter()
     .flatten()
     .collect();
-    Ok(Pipeline::new(stages, common.response.clone(), metrics, rng))
+    Ok(Pipeline::new(
+        stages,
+        common.response.clone(),
+        budgets,
+        metrics,
+        rng,
+    ))
 }
