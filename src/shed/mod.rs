@@ -118,7 +118,8 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
                 .num(u64::from(c.queue))
                 .num(c.max_wait_ms);
             let id = match &c.adaptive {
-                // As before adaptive limits existed: a fixed limit keeps its entry.
+                // A fixed limit's id has no adaptive fields: its entry stays
+                // the same across sluice versions.
                 None => id,
                 Some(a) => id
                     .text("auto")

@@ -125,7 +125,7 @@ impl Shedders {
     /// limit grows after a rise in capacity and how far it shrinks after
     /// a fall. A batch merged on the slow tick may span up to 100 ms, and
     /// an interval with such a batch cannot count the rate
-    /// (`adaptive::RATE_SPANS`): its latency alone, which lags the limit,
+    /// (`RATE_SPANS` in `adaptive/gradient.rs`): its latency alone, which lags the limit,
     /// then decides. Merged on the slow tick, about a fifth of the
     /// intervals of `bench/overload.py` would go so, in some rounds nearly
     /// all: the limit shrinks from 13 to 7 on 8 slots, and floor

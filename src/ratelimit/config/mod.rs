@@ -1,5 +1,13 @@
 //! A rate-limit rule's settings: the JSON under `rate_limits[i]` and its
 //! validated form, which the limiter trusts without further checks.
+//!
+//! Where each part lives: this file holds the rule's JSON and its
+//! validation (with its cost, its key table and its `global` section);
+//! `algorithm.rs` the sections of the two algorithms, `bucket` and
+//! `window`; `shaping.rs` the settings of `on_limit: delay`.
+
+mod algorithm;
+mod shaping;
 
 use super::algorithm::Algorithm;
 pub use super::bucket::BucketSpec;
@@ -9,20 +17,17 @@ use super::window::WindowSpec;
 use crate::config::fields::{
     check_name, err, header_name, positive, validate_match, ConfigError, RawMatch, Strict,
 };
-use crate::duration::parse_duration;
 use crate::keys::{KeyPart, MissingKey};
 use crate::matcher::Match;
+use algorithm::{validate_bucket, validate_window};
+pub use algorithm::{AlgorithmName, RawBucket, RawWindow, MAX_REFILL_NS, MAX_WINDOW_NS};
 use serde::Deserialize;
+use shaping::validate_shaping;
+pub use shaping::{OnLimit, Shaping, MAX_DELAYED, MAX_DELAY_NS};
 
 /// Largest accepted `max_keys`: every slot is a shared-data entry created at
 /// configuration time, so this bounds start-up work and Envoy memory.
 pub const MAX_TABLE_SIZE: u32 = 1_000_000;
-
-const NS_PER_YEAR: u64 = 365 * 24 * 3_600 * 1_000_000_000;
-/// Longest accepted time to refill a full bucket (2^62 ns, 146 years):
-/// keeps every state (now and the burst, in units of 1/rate ns) within the
-/// slot's 96 bits, and every wait within a `u64` of nanoseconds.
-pub const MAX_REFILL_NS: u64 = u64::MAX / 4;
 
 #[derive(Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -59,49 +64,6 @@ pub struct RawRule {
     pub global: Option<Strict<RawGlobal>>,
 }
 
-/// `algorithm`: how a rule counts.
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum AlgorithmName {
-    /// A token bucket (`bucket`): bursts up to `burst`, refilled at `rate`.
-    #[default]
-    TokenBucket,
-    /// Two fixed windows weighted by the overlap (`window`): a rolling
-    /// quota of `limit` per `period`.
-    SlidingWindow,
-}
-
-/// `on_limit`: what a token-bucket rule does with a request over its rate.
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OnLimit {
-    /// Refuse it (429 with Retry-After).
-    #[default]
-    Refuse,
-    /// Hold it until its turn, up to `max_delay`, then send it on
-    /// (shaping); a later turn is refused.
-    Delay,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct RawWindow {
-    pub limit: i64,
-    pub period: String,
-}
-
-#[derive(Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct RawBucket {
-    pub rate: i64,
-    pub period: String,
-    pub burst: Option<i64>,
-}
-
 #[derive(Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -117,15 +79,6 @@ pub struct CostSpec {
     pub default: u64,
     pub header: Option<String>,
     pub max: u64,
-}
-
-/// Shaping settings of a token-bucket rule with `on_limit: delay`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shaping {
-    /// The longest a request may be held for its turn.
-    pub max_delay_ns: u64,
-    /// The most requests held at once by one worker (beyond, refused).
-    pub max_delayed: u32,
 }
 
 /// A validated rate-limit rule.
@@ -153,14 +106,6 @@ pub struct GlobalRuleSpec {
     pub limit: Algorithm,
     pub backstop: Algorithm,
 }
-
-/// Longest accepted sliding window (a year): longer quotas are contracts,
-/// not rate limits.
-pub const MAX_WINDOW_NS: u64 = 366 * 24 * 3_600 * 1_000_000_000;
-/// Longest accepted `max_delay`.
-pub const MAX_DELAY_NS: u64 = 60 * 1_000_000_000;
-/// Largest accepted `max_delayed`.
-pub const MAX_DELAYED: i64 = 100_000;
 
 /// A global rule's `wait_for_tokens` holds a request inside the rate-limit
 /// stage, which a shaping rule in the same configuration does too, in a
@@ -304,134 +249,6 @@ fn validate_algorithm(at: &str, raw: &RawRule) -> Result<Algorithm, ConfigError>
             "missing field `window` (algorithm sliding_window)",
         )),
     }
-}
-
-fn validate_window(at: &str, raw: &RawWindow) -> Result<WindowSpec, ConfigError> {
-    let limit = positive(format!("{at}.window.limit"), raw.limit)?;
-    if limit > u64::from(u32::MAX) {
-        return Err(err(
-            format!("{at}.window.limit"),
-            format!("must be at most {}", u32::MAX),
-        ));
-    }
-    let window_ns =
-        parse_duration(&raw.period).map_err(|p| err(format!("{at}.window.period"), p))?;
-    if window_ns < 1_000_000_000 || window_ns % 1_000_000 != 0 {
-        return Err(err(
-            format!("{at}.window.period"),
-            "must be at least 1s and a whole number of milliseconds (use a token bucket for shorter spans)",
-        ));
-    }
-    if window_ns > MAX_WINDOW_NS {
-        return Err(err(
-            format!("{at}.window.period"),
-            "must be at most 8784h (366 days)",
-        ));
-    }
-    Ok(WindowSpec { limit, window_ns })
-}
-
-fn validate_shaping(
-    at: &str,
-    on_limit: OnLimit,
-    (max_delay, max_delayed): (Option<String>, Option<i64>),
-    algorithm: &Algorithm,
-    shadow: bool,
-) -> Result<Option<Shaping>, ConfigError> {
-    if on_limit == OnLimit::Refuse {
-        let stray = match (&max_delay, max_delayed) {
-            (Some(_), _) => Some("max_delay"),
-            (_, Some(_)) => Some("max_delayed"),
-            _ => None,
-        };
-        return match stray {
-            Some(f) => Err(err(
-                format!("{at}.{f}"),
-                "only applies with on_limit: delay",
-            )),
-            None => Ok(None),
-        };
-    }
-    if matches!(algorithm, Algorithm::Window(_)) {
-        return Err(err(
-            format!("{at}.on_limit"),
-            "delay (shaping) needs algorithm token_bucket",
-        ));
-    }
-    let Some(text) = max_delay else {
-        return Err(err(
-            format!("{at}.max_delay"),
-            "is required with on_limit: delay (the longest a request may be held)",
-        ));
-    };
-    let max_delay_ns = parse_duration(&text).map_err(|p| err(format!("{at}.max_delay"), p))?;
-    if max_delay_ns == 0 || max_delay_ns > MAX_DELAY_NS {
-        return Err(err(
-            format!("{at}.max_delay"),
-            "must be longer than 0 and at most 60s",
-        ));
-    }
-    let max_delayed = validate_max_delayed(at, max_delayed)?;
-    if shadow {
-        // A shadow rule holds nothing: its counts could not show what
-        // holding would do (how many held, for how long, which refused
-        // past `max_delay` or `max_delayed`).
-        return Err(err(
-            format!("{at}.shadow"),
-            "cannot be combined with on_limit: delay (a shadow rule holds no request, so it cannot \
-             show what shaping would do; try the rule with on_limit: refuse in shadow first)",
-        ));
-    }
-    Ok(Some(Shaping {
-        max_delay_ns,
-        max_delayed,
-    }))
-}
-
-/// `max_delayed`: how many requests a worker may hold (default 1,000).
-fn validate_max_delayed(at: &str, max_delayed: Option<i64>) -> Result<u32, ConfigError> {
-    match max_delayed {
-        None => Ok(1_000),
-        Some(n) if (1..=MAX_DELAYED).contains(&n) => Ok(n as u32),
-        Some(n) => Err(err(
-            format!("{at}.max_delayed"),
-            format!("must be between 1 and {MAX_DELAYED}, got {n}"),
-        )),
-    }
-}
-
-fn validate_bucket(at: &str, raw: &RawBucket) -> Result<BucketSpec, ConfigError> {
-    let rate = positive(format!("{at}.bucket.rate"), raw.rate)?;
-    let period_ns =
-        parse_duration(&raw.period).map_err(|p| err(format!("{at}.bucket.period"), p))?;
-    if period_ns == 0 {
-        return Err(err(format!("{at}.bucket.period"), "must be longer than 0"));
-    }
-    if rate > u32::MAX as u64 {
-        return Err(err(
-            format!("{at}.bucket.rate"),
-            format!("must be at most {} per period", u32::MAX),
-        ));
-    }
-    let burst = match raw.burst {
-        Some(b) => positive(format!("{at}.bucket.burst"), b)?,
-        None => rate,
-    };
-    // The time to refill a whole burst must fit the state's arithmetic.
-    if (burst as u128) * (period_ns as u128) / (rate as u128) > MAX_REFILL_NS as u128 {
-        return Err(err(
-            format!("{at}.bucket"),
-            format!(
-                "burst x period / rate (the time to refill a full bucket) must be at most {} years",
-                MAX_REFILL_NS / NS_PER_YEAR
-            ),
-        ));
-    }
-    Ok(BucketSpec {
-        rate,
-        period_ns,
-        burst,
-    })
 }
 
 fn validate_max_keys(at: &str, raw: Option<i64>) -> Result<u32, ConfigError> {

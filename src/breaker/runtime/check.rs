@@ -1,0 +1,147 @@
+//! The breakers' verdict on a request: each matching breaker's key is
+//! tracked, refreshed from the shared state and asked to admit; a refusal
+//! (open, no probe left, graded breaking, the store down) gives back what
+//! the request claimed at the other breakers.
+
+use super::{Breakers, Check, Event, Outcome, Ticket};
+use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase};
+use crate::hash::Keyed;
+use crate::request::{Attribute, RequestView};
+use crate::rng::SplitMix;
+use crate::store::Store;
+
+/// One breaker key's verdict (see `Breakers::check_one`).
+pub(super) enum One {
+    /// Pass, with a ticket if the key is tracked.
+    Pass(Option<Ticket>),
+    /// Open: fail fast, the next probe in `retry_after_ms`.
+    Open { retry_after_ms: u64 },
+    /// Half-open with every probe taken: fail fast.
+    NoProbeLeft,
+    /// The store failed and the breaker fails closed (`failure_mode_deny`).
+    StoreDown,
+}
+
+impl One {
+    /// The verdict when the store fails: the failure policy decides.
+    pub(super) fn store_down(spec: &BreakerSpec) -> One {
+        if spec.failure_mode_deny {
+            One::StoreDown
+        } else {
+            One::Pass(None)
+        }
+    }
+}
+
+/// `Retry-After` of a request refused because the store failed (fail closed).
+const STORE_DOWN_RETRY_MS: u64 = 1000;
+
+impl Breakers {
+    /// The request's key for a breaker: its hash, and its value.
+    fn key_of(&self, spec: &BreakerSpec, req: &dyn RequestView) -> Option<(u64, Vec<u8>)> {
+        let value = match &spec.key {
+            BreakerKey::Cluster => req.attribute(Attribute::ClusterName),
+            BreakerKey::Route => req.attribute(Attribute::RouteName),
+            BreakerKey::Header(h) => req.header(h),
+        }?;
+        let mut h = Keyed::new(self.seed);
+        h.field(&value);
+        Some((h.finish(), value))
+    }
+
+    /// Checks every matching breaker. A request failing fast at one breaker
+    /// gives back any probe it claimed at another.
+    pub fn check(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        req: &dyn RequestView,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) -> Check {
+        let mut tickets = Vec::new();
+        for b in 0..self.rules.len() {
+            let Some(rule) = self.rules.get(b) else {
+                continue;
+            };
+            if !rule.spec.matcher.matches(req) {
+                continue;
+            }
+            let Some((key, value)) = self.key_of(&rule.spec, req) else {
+                continue;
+            };
+            let spec = rule.spec.clone();
+            let (retry_after_ms, half_open) =
+                match self.check_one(store, now_ms, (b, key), &value, &spec, events) {
+                    One::Pass(Some(t)) if spec.graded.is_some() => {
+                        let p = self
+                            .local
+                            .get(&(b, key))
+                            .map_or(0, |l| l.state.reject_permille(&spec, now_ms));
+                        if p > 0 && rng.below(1000) < u64::from(p) {
+                            for t in tickets {
+                                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+                            }
+                            return Check::Throttle {
+                                breaker: b,
+                                reject_permille: p,
+                            };
+                        }
+                        tickets.push(t);
+                        continue;
+                    }
+                    One::Pass(t) => {
+                        tickets.extend(t);
+                        continue;
+                    }
+                    One::Open { retry_after_ms } => (retry_after_ms, false),
+                    One::NoProbeLeft => (0, true),
+                    One::StoreDown => (STORE_DOWN_RETRY_MS, false),
+                };
+            for t in tickets {
+                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+            }
+            return Check::FailFast {
+                breaker: b,
+                retry_after_ms: retry_after_ms.max(1),
+                half_open,
+            };
+        }
+        Check::Pass(tickets)
+    }
+
+    /// One breaker key's verdict on a request.
+    fn check_one(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        (b, key): (usize, u64),
+        value: &[u8],
+        spec: &BreakerSpec,
+        events: &mut Vec<Event>,
+    ) -> One {
+        if !self.track(b, key, value, spec, now_ms) {
+            return One::Pass(None); // beyond max_keys: not tracked, passes
+        }
+        if self.refresh(store, b, key, now_ms).is_err() {
+            self.store_failures += 1;
+            return One::store_down(spec);
+        }
+        let state = self
+            .local
+            .get(&(b, key))
+            .map(|l| l.state)
+            .unwrap_or_default();
+        match state.admit(spec, now_ms) {
+            Admit::Pass => One::Pass(Some(Ticket {
+                breaker: b,
+                key,
+                probe: false,
+                epoch: state.epoch,
+            })),
+            Admit::FailFast { .. } if state.phase == Phase::HalfOpen => One::NoProbeLeft,
+            Admit::FailFast { retry_after_ms } => One::Open { retry_after_ms },
+            Admit::TryProbe => self.probe(store, now_ms, (b, key), spec, events),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Outcomes: a ticket's outcome reported, successes counted locally and
+//! merged every `SYNC_MS` (or with the next failure, or on a tick), a
+//! failure or a probe's result merged at once, and the transitions the
+//! merges cause, as events.
+
+use super::{Breakers, Event, Outcome, Ticket, SYNC_MS};
+use crate::breaker::{State, Transition};
+use crate::rng::SplitMix;
+use crate::store::{Store, StoreError};
+
+impl Breakers {
+    /// Reports a ticket's outcome.
+    pub fn record(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        t: Ticket,
+        outcome: Outcome,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(spec) = self.rules.get(t.breaker).map(|r| r.spec.clone()) else {
+            return;
+        };
+        if t.probe {
+            let result = self.update(store, t.breaker, t.key, |s| match outcome {
+                Outcome::Success => s.probe_result(&spec, now_ms, (true, t.epoch), rng),
+                Outcome::Failure => s.probe_result(&spec, now_ms, (false, t.epoch), rng),
+                Outcome::Ignored => {
+                    s.release_probe(t.epoch);
+                    None
+                }
+            });
+            self.finish(t.breaker, t.key, now_ms, result, events);
+            return;
+        }
+        let Some(local) = self.local.get_mut(&(t.breaker, t.key)) else {
+            return;
+        };
+        match outcome {
+            Outcome::Ignored => {}
+            Outcome::Success => {
+                local.pending = local.pending.saturating_add(1);
+                if now_ms.saturating_sub(local.flushed_ms) >= SYNC_MS {
+                    self.flush_one(store, now_ms, (t.breaker, t.key), 0, rng, events);
+                }
+            }
+            Outcome::Failure => self.flush_one(store, now_ms, (t.breaker, t.key), 1, rng, events),
+        }
+    }
+
+    fn flush_one(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        (b, key): (usize, u64),
+        failures: u32,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(spec) = self.rules.get(b).map(|r| r.spec.clone()) else {
+            return;
+        };
+        let Some(local) = self.local.get_mut(&(b, key)) else {
+            return;
+        };
+        let successes = std::mem::take(&mut local.pending);
+        local.flushed_ms = now_ms;
+        let result = self.update(store, b, key, |s| {
+            s.record(&spec, now_ms, successes, failures, rng)
+        });
+        self.finish(b, key, now_ms, result, events);
+    }
+
+    fn finish(
+        &mut self,
+        b: usize,
+        key: u64,
+        now_ms: u64,
+        result: Result<(State, Option<Transition>), StoreError>,
+        events: &mut Vec<Event>,
+    ) {
+        match result {
+            Ok((s, transition)) => {
+                self.remember(b, key, s, now_ms);
+                if let Some(t) = transition {
+                    events.push(Event {
+                        breaker: b,
+                        key,
+                        transition: t,
+                    });
+                }
+            }
+            Err(_) => self.store_failures += 1,
+        }
+    }
+
+    /// Merges successes counted locally for at least `SYNC_MS` (call on a tick).
+    pub fn flush(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) {
+        let due: Vec<(usize, u64)> = self
+            .local
+            .iter()
+            .filter(|(_, l)| l.pending > 0 && now_ms.saturating_sub(l.flushed_ms) >= SYNC_MS)
+            .map(|(k, _)| *k)
+            .collect();
+        for (b, key) in due {
+            self.flush_one(store, now_ms, (b, key), 0, rng, events);
+        }
+    }
+}

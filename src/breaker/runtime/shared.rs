@@ -1,0 +1,108 @@
+//! The shared state of each key: this VM's cache of it (which keys are
+//! tracked, when each was read), its re-reads every `SYNC_MS`, and its
+//! compare-and-swap updates in the store.
+
+use super::{Breakers, Local, SYNC_MS};
+use crate::breaker::codec::{decode, encode};
+use crate::breaker::{BreakerSpec, State};
+use crate::store::{update, Store, StoreError, Update};
+
+impl Breakers {
+    fn shared_key(&self, breaker: usize, key: u64) -> String {
+        let prefix = self.rules.get(breaker).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}{key:016x}")
+    }
+
+    /// Reads, changes and writes one key's shared state with CAS, retrying
+    /// conflicts; returns the new state and `f`'s result.
+    pub(super) fn update<R>(
+        &mut self,
+        store: &dyn Store,
+        breaker: usize,
+        key: u64,
+        mut f: impl FnMut(&mut State) -> R,
+    ) -> Result<(State, R), StoreError> {
+        let name = self.shared_key(breaker, key);
+        let failures = &mut self.store_failures;
+        update(store, &name, self.max_retries, |found| {
+            let old = match found {
+                Some(e) => decode(&e.bytes).unwrap_or_else(|_| {
+                    *failures += 1;
+                    State::new()
+                }),
+                None => State::new(),
+            };
+            let mut new = old;
+            let r = f(&mut new);
+            if new == old {
+                Update::Keep((new, r))
+            } else {
+                Update::Write(encode(&new), (new, r))
+            }
+        })
+    }
+
+    pub(super) fn remember(&mut self, breaker: usize, key: u64, state: State, now_ms: u64) {
+        if let Some(l) = self.local.get_mut(&(breaker, key)) {
+            l.state = state;
+            l.fetched_ms = Some(now_ms);
+        }
+    }
+
+    /// Starts tracking a key if there is room; whether it is tracked.
+    pub(super) fn track(
+        &mut self,
+        b: usize,
+        key: u64,
+        value: &[u8],
+        spec: &BreakerSpec,
+        now_ms: u64,
+    ) -> bool {
+        if self.local.contains_key(&(b, key)) {
+            return true;
+        }
+        let Some(n) = self.tracked.get_mut(b) else {
+            return false;
+        };
+        if *n >= spec.max_keys {
+            return false;
+        }
+        *n += 1;
+        self.local.insert(
+            (b, key),
+            Local {
+                name: String::from_utf8_lossy(value.get(..128).unwrap_or(value)).into(),
+                state: State::new(),
+                fetched_ms: None,
+                pending: 0,
+                flushed_ms: now_ms,
+            },
+        );
+        true
+    }
+
+    /// Re-reads a key's shared state if the cached one is `SYNC_MS` old;
+    /// `Err` when the store failed or the state is corrupt.
+    pub(super) fn refresh(
+        &mut self,
+        store: &dyn Store,
+        b: usize,
+        key: u64,
+        now_ms: u64,
+    ) -> Result<(), ()> {
+        let stale = self.local.get(&(b, key)).is_some_and(|l| {
+            l.fetched_ms
+                .is_none_or(|t| now_ms.saturating_sub(t) >= SYNC_MS)
+        });
+        if !stale {
+            return Ok(());
+        }
+        let fresh = match store.get(&self.shared_key(b, key)) {
+            Ok(Some(e)) => decode(&e.bytes).map_err(|_| ())?,
+            Ok(None) => State::new(),
+            Err(_) => return Err(()),
+        };
+        self.remember(b, key, fresh, now_ms);
+        Ok(())
+    }
+}

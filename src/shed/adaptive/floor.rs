@@ -1,0 +1,235 @@
+//! The latency floor: its estimate (the lowest latency seen in the window,
+//! or a floor measured at a held limit if higher), and its measurement as
+//! Envoy's `adaptive_concurrency` measures its own: started, judged and
+//! expired here.
+
+use super::layout::{Auto, NONE, NOTHING_LEARNED};
+use super::spec::AdaptiveSpec;
+
+/// After a measurement starts, how long until every worker admits under
+/// the held limit: each reads the limit on its tick, at least every 100 ms.
+const READ_LAG_MS: u64 = 100;
+/// Responses averaged for a measured floor (as Envoy's
+/// `adaptive_concurrency` takes 50 by default, at its minimum concurrency).
+pub const CAL_SAMPLES: u64 = 50;
+/// Responses that may end a measurement that finds nothing early
+/// ([`Auto::finds_nothing`]).
+const EARLY_SAMPLES: u64 = 10;
+
+impl Auto {
+    /// The floor estimate: the lowest latency seen in the window, or the
+    /// floor measured at a held limit if that is higher.
+    pub fn floor_us(&self) -> Option<u64> {
+        let seen = self.lowest_us();
+        match self.floor_cal_us {
+            NONE | NOTHING_LEARNED => seen,
+            cal => Some(seen.map_or(cal, |s| s.max(cal))),
+        }
+    }
+
+    /// The lowest latency seen in the window.
+    pub(super) fn lowest_us(&self) -> Option<u64> {
+        let f = self.floor_current_us.min(self.floor_previous_us);
+        (f != NONE).then_some(f)
+    }
+
+    /// Holds the limit at `at` (within the bounds) to measure the floor.
+    pub(super) fn start_measure(&mut self, spec: &AdaptiveSpec, at: u64, now_ms: u64) {
+        self.measure_limit = at.clamp(u64::from(spec.min).max(1), u64::from(spec.max).max(1));
+        self.measure_start_ms = now_ms;
+        self.before_measure_milli = self.limit_milli;
+        self.before_measure_avg_us = self.sum_us.checked_div(self.count).unwrap_or(NONE);
+        self.before_measure_count = self.count;
+        self.limit_milli = self.measure_limit.saturating_mul(1000);
+        self.stuck_run = 0;
+        self.cal_sum_us = 0;
+        self.cal_count = 0;
+        self.cal_min_us = NONE;
+    }
+
+    /// Responses averaged for a measured floor: [`CAL_SAMPLES`], or 10 per
+    /// request in flight if more (a mean over more requests in flight
+    /// costs no more time, and a long-tailed upstream needs them: the
+    /// mean of 50 exponential samples is off by 14% on average), at most
+    /// 500.
+    fn samples_to_measure(held: u64) -> u64 {
+        held.saturating_mul(10).clamp(CAL_SAMPLES, 500)
+    }
+
+    /// While the floor is measured, the admission time (ms) from which a
+    /// request's latency counts: every worker admits under the held limit
+    /// by then, so nothing admitted since waits behind what the larger
+    /// limit let in before (a response arriving after the start may have
+    /// been admitted long before it, with an upstream slower than an
+    /// interval).
+    pub fn measured_from_ms(&self, spec: &AdaptiveSpec) -> Option<u64> {
+        (self.measure_limit > 0).then(|| {
+            self.measure_start_ms
+                .saturating_add(spec.interval_ms.max(READ_LAG_MS))
+        })
+    }
+
+    /// The floor measured as Envoy's `adaptive_concurrency` measures its
+    /// own, at a held low limit: the average latency of the first
+    /// [`CAL_SAMPLES`] requests admitted under it ([`Samples::add_measured`]).
+    /// Then the limit moves on from there, or, if the floor stays the
+    /// lowest seen, from where it was before. A measurement that gets too
+    /// few samples within `floor_window` (idle, or slots held long after
+    /// their response headers) gives up, and the limit is given back.
+    ///
+    /// [`Samples::add_measured`]: super::samples::Samples::add_measured
+    pub(super) fn measure(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
+        let timed_out = now_ms.saturating_sub(self.measure_start_ms) >= spec.floor_window_ms;
+        // At the deadline, what came in is enough if at least 10, or 2 per
+        // held request (an upstream slower than a few hundred ms does not
+        // bring 50 within a window at a low limit).
+        let enough = if timed_out {
+            self.measure_limit.saturating_mul(2).max(10)
+        } else {
+            Self::samples_to_measure(self.measure_limit)
+        };
+        let low = self.lowest_us();
+        let avg = self
+            .cal_sum_us
+            .checked_div(self.cal_count)
+            .filter(|&a| self.cal_count >= enough || self.finds_nothing(spec, low, a));
+        if avg.is_none() && !timed_out {
+            return;
+        }
+        // Used only if the lowest latency seen is below it by more than
+        // the tolerance: within it, the limit was held by a real queue,
+        // and the floor stays the lowest seen (following it down if it
+        // falls), with nothing measured again until `floor_window`.
+        // Nor if the upstream became slower during the hold, its
+        // capacity falling (8 held on 2 slots of 20 ms measured 80 ms,
+        // and the limit then kept a queue of 10 at the upstream for the
+        // floor's window): held at or under what it served, it cannot
+        // queue more than before, so the average is within the tolerance
+        // of the interval's before the hold, and the fastest measured
+        // response is below the average by more than the tolerance (the
+        // upstream's own time varies: the reason to measure), where all
+        // of them would wait in a queue.
+        // Only an average of enough responses to compare with.
+        let before = match self.before_measure_count {
+            n if n >= CAL_SAMPLES / 2 => self.before_measure_avg_us,
+            _ => NONE,
+        };
+        let fastest = self.cal_min_us;
+        let learned = avg.filter(|&a| {
+            !low.is_some_and(|l| within_tolerance(spec, l, a))
+                && !within_tolerance(spec, fastest, a)
+                && (before == NONE || within_tolerance(spec, before, a))
+        });
+        if learned.is_none() {
+            self.limit_milli = self.before_measure_milli;
+            self.quiet = 1;
+        }
+        self.floor_cal_us = match (learned, avg, self.floor_cal_us) {
+            (Some(avg), _, _) => avg.max(1),
+            // Too few: a measured floor in force stays.
+            (None, None, kept) if kept != NONE => kept,
+            _ => NOTHING_LEARNED,
+        };
+        self.floor_cal_ms = now_ms;
+        self.measure_limit = 0;
+        self.cal_sum_us = 0;
+        self.cal_count = 0;
+        self.cal_min_us = NONE;
+    }
+
+    /// Whether the responses measured so far already say what the
+    /// measurement's end would, nothing learned, for an upstream whose own
+    /// time barely varies: a steady upstream held at its capacity idles a
+    /// slot through each hand-over (4 slots of 20 ms held at 4 served 12%
+    /// less for 0.4 to 0.6 s in `bench/overload.py`, and half as much when
+    /// the capacity rose to 8 during the hold). Two conditions:
+    /// - at least [`EARLY_SAMPLES`] responses (2 per held request if
+    ///   more) average within 1 + ¾ × (tolerance − 1) times the lowest
+    ///   latency (a margin for the responses still to come);
+    /// - the interval before the hold (of at least [`EARLY_SAMPLES`]
+    ///   responses) averaged what such an upstream averages with the
+    ///   limit in flight then: within the tolerance × (limit before ÷ held
+    ///   limit) times the lowest latency (a queue of the
+    ///   difference). An upstream whose own time varies widely (the reason
+    ///   to measure) averages several times its lowest latency before the
+    ///   hold: 8 slots, 80% of responses in 5 ms and 20% in 200 ms, 8.8
+    ///   times, against 1.56 allowed. Without this condition such an
+    ///   upstream's first responses back, the fast ones, would end its
+    ///   measurements early and leave it less used.
+    fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>, avg: u64) -> bool {
+        let needed = self.measure_limit.saturating_mul(2).max(EARLY_SAMPLES);
+        let Some(low) = low else {
+            return false;
+        };
+        if self.cal_count < needed || self.before_measure_count < EARLY_SAMPLES {
+            return false;
+        }
+        let tol = u128::from(spec.tolerance_pct);
+        let early = 100 + tol.saturating_sub(100) * 3 / 4;
+        // tolerance × before ÷ held, in hundredths (the limit before in
+        // thousandths, as learned, not rounded).
+        let held_milli = u128::from(self.measure_limit.max(1)) * 1000;
+        let before_milli = u128::from(self.before_measure_milli).max(held_milli);
+        let steady = tol * before_milli / held_milli;
+        within_pct(early, low, avg) && within_pct(steady, low, self.before_measure_avg_us)
+    }
+
+    /// A measured floor holds for `floor_window`; then it is dropped (the
+    /// upstream may have become faster) and, if the lowest latency seen is
+    /// still below it by more than the tolerance (that floor alone would
+    /// take the limit down again), measured again at once.
+    pub(super) fn expire_measured(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
+        if self.floor_cal_us == NONE
+            || self.measure_limit > 0
+            || now_ms.saturating_sub(self.floor_cal_ms) < spec.floor_window_ms
+        {
+            return;
+        }
+        let measured = std::mem::replace(&mut self.floor_cal_us, NONE);
+        let Some(low) = self
+            .lowest_us()
+            .filter(|&l| !within_tolerance(spec, l, measured))
+        else {
+            return;
+        };
+        // What the upstream served at once by the lowest latency: at or
+        // under its capacity, however wrong the measured floor was
+        // (measuring over the capacity takes the queue for the floor, and
+        // each measurement would ratchet it up). But not below what it
+        // served divided by 4 × the tolerance: the lowest latency of a
+        // long-tailed upstream is next to nothing. A measured floor `f`
+        // times too high then measures at most `f / (4 × tolerance)` times
+        // over, so an error shrinks at each measurement instead of
+        // growing.
+        let at = self.measure_point(spec, low, measured);
+        self.start_measure(spec, at, now_ms);
+    }
+
+    pub(super) fn measure_point(&self, spec: &AdaptiveSpec, low: u64, floor: u64) -> u64 {
+        let tol = u128::from(spec.tolerance_pct.max(100));
+        let serving = u128::from(self.serving_milli);
+        let by_lowest = serving * u128::from(low) / u128::from(floor.max(1));
+        held_limit(by_lowest.max(serving * 100 / (4 * tol)))
+    }
+}
+
+/// The whole limit a measurement holds for what the upstream serves at
+/// once (in thousandths): rounded up from three quarters. A real upstream
+/// serves a little under its rate (2 slots: 1.9), and cut down to 1 half
+/// of it idled through the measurement; rounded up from a half, a
+/// standing queue of one over 1 slot (1.6) was measured at 2, queued, and
+/// the lowest latency it should have reset stayed high.
+pub(super) fn held_limit(serving_milli: u128) -> u64 {
+    u64::try_from(serving_milli.saturating_add(250) / 1000).unwrap_or(u64::MAX)
+}
+
+/// Whether `latency_us` is within the tolerance of the lowest latency
+/// `low_us` (no queueing by that floor).
+fn within_tolerance(spec: &AdaptiveSpec, low_us: u64, latency_us: u64) -> bool {
+    within_pct(u128::from(spec.tolerance_pct), low_us, latency_us)
+}
+
+/// Whether `latency_us` is at most `pct`% of `low_us`.
+fn within_pct(pct: u128, low_us: u64, latency_us: u64) -> bool {
+    u128::from(low_us) * pct >= u128::from(latency_us) * 100
+}

@@ -1,0 +1,140 @@
+//! Admission: a request runs through the shedders that match it, each
+//! admitting it (with a slot held by stream, or let through and watched),
+//! queueing it or shedding it; and the release of what a stream held (its
+//! slots, its place in a queue) when it ends or is shed.
+
+use super::{Rest, ShedStage};
+use crate::pipeline::stage::{Cx, Effect, Step, StreamId};
+use crate::reply::Rejection;
+use crate::shed::{Arrival, Class};
+
+impl ShedStage {
+    /// The shed answer for a request of `class` at shedder `s`, counted.
+    pub(super) fn answer(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class) -> Option<Rejection> {
+        let spec = &self.shedders.rules.get(s)?.spec;
+        let r = crate::shed::reply::rejection(
+            &spec.name,
+            class.name(),
+            spec.status,
+            self.jitter_ns,
+            cx.rng,
+        );
+        if let Some(&id) = self.m(s).shed.get(class as usize) {
+            cx.add(id, 1);
+        }
+        Some(r)
+    }
+
+    /// Answers another (queued) stream with the shed reply.
+    pub(super) fn shed_other(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class, stream: StreamId) {
+        if let Some(rejection) = self.answer(cx, s, class) {
+            cx.effects.push(Effect::Reply { stream, rejection });
+        }
+    }
+
+    pub(super) fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: usize) {
+        self.held.entry(id).or_default().push(s);
+        cx.add(self.m(s).in_flight, 1);
+        if self.adaptive {
+            let now = cx.now_ns();
+            self.admitted_ns.entry(id).or_insert(now);
+        }
+    }
+
+    /// Let through with no slot: a latency-mode shedder watches its answer.
+    pub(super) fn let_through(&mut self, s: usize, watched: &mut Vec<usize>) {
+        let latency = self
+            .shedders
+            .rules
+            .get(s)
+            .is_some_and(|r| r.spec.concurrency.is_none());
+        if latency {
+            self.shedders.started(s);
+            watched.push(s);
+        }
+    }
+
+    /// Latency-mode shedders that let a stream through watch its response.
+    pub(super) fn watch(&mut self, id: StreamId, watched: Vec<usize>, now: u64) {
+        if !watched.is_empty() {
+            self.watched
+                .entry(id)
+                .or_insert_with(|| (Vec::new(), now))
+                .0
+                .extend(watched);
+        }
+    }
+
+    /// Releases the stream's slots and takes it out of any queue, then
+    /// lets waiters in.
+    pub(super) fn finish(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
+        self.rest.remove(&id);
+        if self.adaptive {
+            self.admitted_ns.remove(&id);
+        }
+        let slots = self.held.remove(&id).unwrap_or_default();
+        for &s in &slots {
+            self.shedders.release(cx.store(), s);
+            cx.add(self.m(s).in_flight, -1);
+        }
+        let mut cancelled = false;
+        for s in 0..self.shedders.rules.len() {
+            if self.shedders.cancel(cx.store(), s, id) {
+                cancelled = true;
+                cx.add(self.m(s).queued, -1);
+            }
+        }
+        if !slots.is_empty() || cancelled {
+            self.wake(cx);
+        }
+    }
+
+    /// Runs the request's shedders; `Some(step)` when one sheds or queues
+    /// it. `watched` gets the latency-mode shedders that let it through.
+    pub(super) fn arrive(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        (id, now): (StreamId, u64),
+        classes: Vec<(usize, Class)>,
+        until: Option<u64>,
+        watched: &mut Vec<usize>,
+    ) -> Option<Step> {
+        for (k, &(s, class)) in classes.iter().enumerate() {
+            let arrival = self
+                .shedders
+                .arrive_until(cx.store(), now, s, (id, class), until);
+            self.changes(cx);
+            match arrival {
+                Arrival::Admit { slot: true } => self.hold(cx, id, s),
+                Arrival::Admit { slot: false } => self.let_through(s, watched),
+                Arrival::Shed => {
+                    self.finish(cx, id);
+                    let r = self.answer(cx, s, class)?;
+                    return Some(Step::Reply(r));
+                }
+                Arrival::Expired => {
+                    self.finish(cx, id);
+                    return Some(Step::Reply(self.deadline_answer(cx, s, id)));
+                }
+                Arrival::Queue { evicted } => {
+                    cx.add(self.m(s).queued, 1);
+                    cx.tick_changed = true;
+                    if let Some(w) = evicted {
+                        cx.add(self.m(s).queued, -1);
+                        self.shed_other(cx, s, w.class, w.id);
+                    }
+                    // The shedders after this one see it when it leaves
+                    // the queue (`pass_rest`).
+                    if let Some(more) = classes.get(k + 1..).filter(|m| !m.is_empty()) {
+                        let rest = Rest {
+                            classes: more.to_vec(),
+                        };
+                        self.rest.insert(id, rest);
+                    }
+                    return Some(Step::Pause);
+                }
+            }
+        }
+        None
+    }
+}

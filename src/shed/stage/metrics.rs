@@ -1,0 +1,40 @@
+//! The metrics of each shedder (labels `domain`, `shedder`): their ids,
+//! and their declaration in the registry when the stage is built.
+
+use crate::pipeline::telemetry::{Kind, MetricId, Registry};
+use crate::shed::{Class, ShedderSpec};
+
+/// Metric ids of one shedder (labels `domain`, `shedder`).
+#[derive(Default, Clone, Copy)]
+pub(super) struct OneShedder {
+    pub(super) in_flight: MetricId,
+    pub(super) queued: MetricId,
+    pub(super) queue_ms: MetricId,
+    pub(super) overloaded: MetricId,
+    pub(super) shed: [MetricId; 3],
+    /// Adaptive limits only: the limit, and the latency floor (ms).
+    pub(super) adaptive: Option<(MetricId, MetricId)>,
+}
+
+/// The metrics of one shedder (labels `domain`, `shedder`).
+pub(super) fn shedder_metrics(reg: &mut Registry, domain: &str, s: &ShedderSpec) -> OneShedder {
+    let labels = [("domain", domain), ("shedder", s.name.as_str())];
+    // Indexed by `Class as usize`.
+    let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
+    let shed = reg.variants("sluice_shed_total", &labels, "priority", classes);
+    let mut m = |kind, name| reg.labelled(kind, name, &labels);
+    let adaptive = s.concurrency.as_ref().and_then(|c| c.adaptive).map(|_| {
+        (
+            m(Kind::Gauge, "sluice_shed_limit"),
+            m(Kind::Gauge, "sluice_shed_latency_floor_ms"),
+        )
+    });
+    OneShedder {
+        in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
+        queued: m(Kind::Gauge, "sluice_shed_queued"),
+        queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
+        overloaded: m(Kind::Gauge, "sluice_shed_overloaded_workers"),
+        shed,
+        adaptive,
+    }
+}
