@@ -1,12 +1,13 @@
 //! The requests waiting for a place on one worker, for limits with a
 //! `max_wait`: one first-in first-out line per place (a limit's table
-//! slot, which the keys sharing it share), so that the waiters of a key are
-//! served in the order they came. Memory: at most `queue` waiters per
-//! place, each removed exactly once (admitted, timed out, or gone).
+//! slot, which the keys sharing it share) in the pipeline's wait list, so
+//! that the waiters of a key are served in the order they came. Memory: at
+//! most `queue` waiters per place, each removed exactly once (admitted,
+//! timed out, or gone).
 
 use crate::hash::FastMap;
-use crate::pipeline::stage::StreamId;
-use std::collections::VecDeque;
+use crate::pipeline::stage::{Cx, StreamId};
+use crate::pipeline::wait::LineId;
 
 /// A limit's index and a slot of its table.
 pub type Place = (usize, u32);
@@ -37,10 +38,20 @@ impl Waiter {
     }
 }
 
-/// This worker's waiters.
+/// The line of a place in the pipeline's wait list.
+fn line_of((b, slot): Place) -> LineId {
+    ((b as u64) << 32) | u64::from(slot)
+}
+
+/// The place of a line.
+fn place_of(line: LineId) -> Place {
+    ((line >> 32) as usize, line as u32)
+}
+
+/// This worker's waiters: in the pipeline's wait list, one line per
+/// place, first come first served (`Cx::wait`); here, what each waits for.
 #[derive(Default)]
 pub struct Queues {
-    lines: FastMap<Place, VecDeque<StreamId>>,
     waiters: FastMap<StreamId, Waiter>,
 }
 
@@ -56,71 +67,37 @@ impl Queues {
     }
 
     /// Requests waiting at `place`.
-    pub fn waiting_at(&self, place: Place) -> usize {
-        self.lines.get(&place).map_or(0, VecDeque::len)
+    pub fn waiting_at(&self, cx: &Cx<'_, '_>, place: Place) -> usize {
+        cx.count_in(line_of(place))
     }
 
-    /// Puts stream `id` at the end of its place's line.
-    pub fn push(&mut self, id: StreamId, w: Waiter) {
+    /// Puts stream `id` at the end of its place's line, until its time
+    /// is up (`until_ms`: the pipeline then calls `Stage::timed_out`).
+    pub fn push(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
         let Some(place) = w.place() else {
             return;
         };
-        self.lines.entry(place).or_default().push_back(id);
+        cx.wait(id, line_of(place), 0, Some(w.until_ms));
         self.waiters.insert(id, w);
     }
 
-    /// Takes stream `id` out of the queues (its client went away), if it
-    /// waited.
-    pub fn cancel(&mut self, id: StreamId) -> Option<Waiter> {
-        let w = self.waiters.remove(&id)?;
-        if let Some(place) = w.place() {
-            if let Some(line) = self.lines.get_mut(&place) {
-                line.retain(|&x| x != id);
-                if line.is_empty() {
-                    self.lines.remove(&place);
-                }
-            }
-        }
-        Some(w)
+    /// Takes stream `id` out of the queues (its client went away, or its
+    /// time is up and the pipeline took it out of line), if it waited.
+    pub fn cancel(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) -> Option<Waiter> {
+        cx.leave(id);
+        self.waiters.remove(&id)
     }
 
     /// Takes out the first waiter at `place`.
-    pub fn pop(&mut self, place: Place) -> Option<(StreamId, Waiter)> {
-        let line = self.lines.get_mut(&place)?;
-        let id = line.pop_front();
-        if line.is_empty() {
-            self.lines.remove(&place);
-        }
-        let id = id?;
+    pub fn pop(&mut self, cx: &mut Cx<'_, '_>, place: Place) -> Option<(StreamId, Waiter)> {
+        let (id, _) = cx.first_in(line_of(place))?;
+        cx.leave(id);
         let w = self.waiters.remove(&id)?;
         Some((id, w))
     }
 
-    /// Takes out every waiter whose time is up at `now_ms`, in the order
-    /// of their lines.
-    pub fn expired(&mut self, now_ms: u64) -> Vec<(StreamId, Waiter)> {
-        let mut out = Vec::new();
-        let waiters = &mut self.waiters;
-        self.lines.retain(|_, line| {
-            line.retain(|id| {
-                let due = waiters.get(id).is_none_or(|w| now_ms >= w.until_ms);
-                if due {
-                    if let Some(w) = waiters.remove(id) {
-                        out.push((*id, w));
-                    }
-                }
-                !due
-            });
-            !line.is_empty()
-        });
-        out
-    }
-
-    /// The places someone waits at.
-    pub fn places(&self) -> Vec<Place> {
-        let mut p: Vec<Place> = self.lines.keys().copied().collect();
-        // One per key with waiters: can be thousands (not a short list).
-        p.sort_unstable();
-        p
+    /// The places someone waits at, in order.
+    pub fn places(&self, cx: &Cx<'_, '_>) -> Vec<Place> {
+        cx.lines().into_iter().map(place_of).collect()
     }
 }

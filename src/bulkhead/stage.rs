@@ -124,7 +124,7 @@ impl BulkheadStage {
         };
         let wait = self.bulkheads.rules.get(b).and_then(|r| r.spec.wait);
         let queued = match wait {
-            Some(_) if !self.queues.is_empty() => self.queues.waiting_at((b, slot)),
+            Some(_) if !self.queues.is_empty() => self.queues.waiting_at(cx, (b, slot)),
             _ => 0,
         };
         let got = if queued > 0 {
@@ -212,7 +212,7 @@ impl BulkheadStage {
         if let Some((b, _)) = w.place() {
             cx.add(self.m(b).queued, 1);
         }
-        self.queues.push(id, w);
+        self.queues.push(cx, id, w);
         cx.tick_changed = true;
     }
 }
@@ -274,6 +274,8 @@ impl Stage for BulkheadStage {
         self.release(cx, id);
     }
 
+    /// Waiters poll for a place freed on another worker (on the fast
+    /// tick the pipeline keeps while anyone waits).
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         self.bulkheads.retry_failed(cx.store());
         if !self.queues.is_empty() {
@@ -281,8 +283,17 @@ impl Stage for BulkheadStage {
         }
     }
 
-    /// Waiters poll for a place freed on another worker.
-    fn wants_fast_tick(&self) -> bool {
-        !self.queues.is_empty()
+    /// A waiter's `max_wait` or deadline passed: it is answered, and the
+    /// places it took at earlier limits go back.
+    fn timed_out(
+        &mut self,
+        cx: &mut Cx<'_, '_>,
+        id: StreamId,
+        _waiter: crate::pipeline::wait::Waiter,
+    ) {
+        if let Some(w) = self.queues.cancel(cx, id) {
+            self.time_out(cx, id, w);
+            self.release(cx, id);
+        }
     }
 }

@@ -47,7 +47,7 @@ impl BulkheadStage {
         out: &mut Vec<StreamId>,
     ) -> Option<(StreamId, Waiter)> {
         let now = cx.now_ms();
-        while let Some((id, w)) = self.queues.pop(place) {
+        while let Some((id, w)) = self.queues.pop(cx, place) {
             if now < w.until_ms {
                 return Some((id, w));
             }
@@ -105,7 +105,7 @@ impl BulkheadStage {
     /// A waiter's time is up: it is answered (a missed deadline as such,
     /// else as over the limit); the caller gives back the places it took
     /// at earlier limits.
-    fn time_out(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
+    pub(super) fn time_out(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
         let Some((b, _)) = w.place() else {
             return;
         };
@@ -129,30 +129,25 @@ impl BulkheadStage {
 
     /// Takes a waiting stream out of line (its client went away).
     pub(super) fn cancel(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
-        if let Some((b, _)) = self.queues.cancel(id).and_then(|w| w.place()) {
+        if let Some((b, _)) = self.queues.cancel(cx, id).and_then(|w| w.place()) {
             cx.add(self.m(b).queued, -1);
             cx.tick_changed = true;
         }
     }
 
-    /// On each tick while anyone waits: answers the waiters whose time is
-    /// up, then lets in, first come first served, as many at each place as
-    /// the shared count has room for.
+    /// On each tick while anyone waits (those whose time is up were
+    /// answered already, see `timed_out`): lets in, first come first
+    /// served, as many at each place as the shared count has room for.
     pub(super) fn wake(&mut self, cx: &mut Cx<'_, '_>) {
-        let now = cx.now_ms();
-        for (id, w) in self.queues.expired(now) {
-            self.time_out(cx, id, w);
-            self.release(cx, id);
-        }
         let before = self.bulkheads.store_failures;
-        for (b, slot) in self.queues.places() {
-            while self.queues.waiting_at((b, slot)) > 0 {
+        for (b, slot) in self.queues.places(cx) {
+            while self.queues.waiting_at(cx, (b, slot)) > 0 {
                 let holds = match self.bulkheads.take(cx.store(), b, slot) {
                     Admission::Full => break,
                     Admission::Holds { .. } => true,
                     Admission::Free => false,
                 };
-                let Some((id, w)) = self.queues.pop((b, slot)) else {
+                let Some((id, w)) = self.queues.pop(cx, (b, slot)) else {
                     if holds {
                         self.bulkheads.release(cx.store(), b, slot);
                     }

@@ -18,21 +18,25 @@
 #[cfg(test)]
 mod chain_tests;
 pub mod deadline;
+mod flow;
 pub mod stage;
 pub mod telemetry;
 #[cfg(test)]
 mod tests;
+pub mod wait;
 
 pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
 use crate::config::ResponseSpec;
 use crate::hash::FastMap;
-use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use deadline::Budgets;
+pub use flow::Verdict;
+use flow::{each, release, run, Stream};
 use std::time::Duration;
 use telemetry::Registry;
+use wait::WaitList;
 
 /// The tick period while no stage has to act sooner.
 pub const SLOW_TICK: Duration = Duration::from_millis(100);
@@ -40,45 +44,6 @@ pub const SLOW_TICK: Duration = Duration::from_millis(100);
 /// requests wait (a slot freed on another worker is used within about a
 /// millisecond), an update to retry, an adaptive limit's samples to merge.
 pub const FAST_TICK: Duration = Duration::from_millis(1);
-
-/// What the pipeline keeps of a stream while a stage holds something for
-/// it, it is paused, or headers wait for its response.
-#[derive(Debug, Default)]
-struct Stream {
-    id: StreamId,
-    /// Bit `i`: stage `i` holds something for this stream.
-    holds: u64,
-    /// The stage that paused the stream (a resume goes on after it).
-    paused_at: Option<usize>,
-    /// When the request arrived (ms), kept once a stage paused it: later
-    /// stages see how long it waited (`Cx::waited_ms`).
-    arrived_ms: Option<u64>,
-    response_headers: Vec<(&'static str, String)>,
-}
-
-impl Stream {
-    fn new(id: StreamId) -> Self {
-        Stream {
-            id,
-            ..Stream::default()
-        }
-    }
-
-    /// Whether anything of it is left to keep.
-    fn worth_keeping(&self) -> bool {
-        self.holds != 0 || self.paused_at.is_some() || !self.response_headers.is_empty()
-    }
-}
-
-/// The pipeline's verdict on the current request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    Continue,
-    /// Answer it with this local reply.
-    Reply(Rejection),
-    /// Pause it: it waits in a queue.
-    Pause,
-}
 
 /// What the host must carry out after a call.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -105,6 +70,8 @@ pub struct Pipeline {
     response: ResponseSpec,
     /// The `deadlines` section's budgets of the streams alive.
     budgets: Option<Budgets>,
+    /// The streams waiting on this worker, whichever stage paused them.
+    waits: WaitList,
     /// The streams it keeps something of (see [`Stream`]), by id: the host
     /// keeps none of the pipeline's state.
     streams: FastMap<StreamId, Stream>,
@@ -130,6 +97,7 @@ impl Pipeline {
             fast_tick: false,
             response,
             budgets,
+            waits: WaitList::default(),
             streams: FastMap::default(),
             metrics,
         }
@@ -171,6 +139,8 @@ impl Pipeline {
             now_ns,
             arrived_ms,
             budgets: self.budgets.as_ref(),
+            waits: &mut self.waits,
+            stage: 0,
             rng: &mut self.rng,
             effects: &mut effects,
             calls: &mut calls,
@@ -194,7 +164,7 @@ impl Pipeline {
 
     /// The new tick period, if the stages' need of the fast tick changed.
     fn retick(&mut self) -> Option<Duration> {
-        let fast = self.stages.iter().any(|s| s.wants_fast_tick());
+        let fast = !self.waits.is_empty() || self.stages.iter().any(|s| s.wants_fast_tick());
         if fast == self.fast_tick {
             return None;
         }
@@ -204,9 +174,7 @@ impl Pipeline {
 
     /// Creates what the stages need in shared data (at configuration).
     pub fn start(&mut self, env: &mut Env<'_>) -> Result<(), String> {
-        let (r, _) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().try_for_each(|s| s.start(cx))
-        });
+        let (r, _) = self.with_cx(env, |stages, cx| each(stages, cx, |s, cx| s.start(cx)));
         r
     }
 
@@ -312,6 +280,7 @@ impl Pipeline {
         }
         let ((), out) = self.with_cx(env, |stages, cx| {
             for (i, stage) in stages.iter_mut().enumerate() {
+                cx.stage = i;
                 if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
                     stream.holds &= !(1 << i);
                 }
@@ -334,13 +303,17 @@ impl Pipeline {
             return Outcome::default();
         }
         let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, &mut stream));
+        // Out of any line, whether or not its stage took it out.
+        if !self.waits.is_empty() {
+            self.waits.remove(id);
+        }
         out
     }
 
     /// The streams the pipeline keeps something of (bounded by the streams
     /// alive: each is forgotten at its end).
     pub fn streams_kept(&self) -> usize {
-        self.streams.len() + self.budgets.as_ref().map_or(0, Budgets::kept)
+        self.streams.len() + self.budgets.as_ref().map_or(0, Budgets::kept) + self.waits.len()
     }
 
     /// Whether any stage holds something for stream `id`.
@@ -352,7 +325,18 @@ impl Pipeline {
     /// needs the fast one.
     pub fn tick(&mut self, env: &mut Env<'_>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().for_each(|s| s.tick(cx));
+            // Those whose time is up first: their stages answer them.
+            let now = cx.now_ms();
+            for (i, stream, waiter) in cx.waits.expired(now) {
+                if let Some(stage) = stages.get_mut(i) {
+                    cx.stage = i;
+                    stage.timed_out(cx, stream, waiter);
+                }
+            }
+            let _ = each::<()>(stages, cx, |s, cx| {
+                s.tick(cx);
+                Ok(())
+            });
             cx.tick_changed = true;
         });
         out
@@ -361,7 +345,10 @@ impl Pipeline {
     /// A call asked for by a stage ended (`body`: the response, or `None`).
     pub fn call_done(&mut self, env: &mut Env<'_>, id: u64, body: Option<&[u8]>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().for_each(|s| s.call_done(cx, id, body));
+            let _ = each::<()>(stages, cx, |s, cx| {
+                s.call_done(cx, id, body);
+                Ok(())
+            });
         });
         out
     }
@@ -369,7 +356,10 @@ impl Pipeline {
     /// Another VM woke this one through `queue`, a queue it listens on.
     pub fn woken(&mut self, env: &mut Env<'_>, queue: &str) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().for_each(|s| s.woken(cx, queue));
+            let _ = each::<()>(stages, cx, |s, cx| {
+                s.woken(cx, queue);
+                Ok(())
+            });
         });
         out
     }
@@ -377,87 +367,11 @@ impl Pipeline {
     /// The configuration is going away: stages give back what they can.
     pub fn close(&mut self, env: &mut Env<'_>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            stages.iter_mut().for_each(|s| s.close(cx));
+            let _ = each::<()>(stages, cx, |s, cx| {
+                s.close(cx);
+                Ok(())
+            });
         });
         out
-    }
-}
-
-/// Runs the stages from `from` on a request: each may let it go on, hold
-/// it (paused; resumed later through `Pipeline::resume`) or answer it, which
-/// releases at once what the earlier stages hold for it.
-fn run(
-    stages: &mut [Box<dyn Stage>],
-    cx: &mut Cx<'_, '_>,
-    stream: &mut Stream,
-    req: &dyn RequestView,
-    from: usize,
-) -> Verdict {
-    for i in from..stages.len() {
-        let Some(stage) = stages.get_mut(i) else {
-            break;
-        };
-        let d = stage.request(cx, stream.id, req);
-        if d.held {
-            stream.holds |= 1 << i;
-        }
-        match d.step {
-            Step::Continue => {
-                if !d.response_headers.is_empty() {
-                    stream.response_headers = d.response_headers;
-                }
-            }
-            Step::Pause => {
-                // Headers for the response, if it goes on from here.
-                if !d.response_headers.is_empty() {
-                    stream.response_headers = d.response_headers;
-                }
-                stream.paused_at = Some(i);
-                if stream.arrived_ms.is_none() {
-                    // The first pause is in the call the request arrived in.
-                    stream.arrived_ms = Some(cx.now_ms());
-                }
-                tell_holders(stages, cx, stream, i, |s, cx, id| s.waiting(cx, id));
-                return Verdict::Pause;
-            }
-            Step::Reply(r) => {
-                release(stages, cx, stream);
-                return Verdict::Reply(r);
-            }
-        }
-    }
-    if stream.arrived_ms.is_some() {
-        tell_holders(stages, cx, stream, stages.len(), |s, cx, id| {
-            s.departed(cx, id)
-        });
-    }
-    Verdict::Continue
-}
-
-/// Tells each stage before `upto` that holds something for the stream
-/// (only streams that wait somewhere get here).
-fn tell_holders(
-    stages: &mut [Box<dyn Stage>],
-    cx: &mut Cx<'_, '_>,
-    stream: &Stream,
-    upto: usize,
-    tell: fn(&mut dyn Stage, &mut Cx<'_, '_>, StreamId),
-) {
-    for (i, stage) in stages.iter_mut().enumerate().take(upto) {
-        if stream.holds & (1 << i) != 0 {
-            tell(stage.as_mut(), cx, stream.id);
-        }
-    }
-}
-
-/// Tells every stage holding something for the stream that it ended, and
-/// forgets that they did: the only way a hold bit is cleared after the
-/// request, so the release happens once.
-fn release(stages: &mut [Box<dyn Stage>], cx: &mut Cx<'_, '_>, stream: &mut Stream) {
-    let holds = std::mem::take(&mut stream.holds);
-    for (i, stage) in stages.iter_mut().enumerate() {
-        if holds & (1 << i) != 0 {
-            stage.end(cx, stream.id);
-        }
     }
 }

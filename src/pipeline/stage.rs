@@ -5,6 +5,7 @@
 
 use super::deadline::Budgets;
 use super::telemetry::{MetricId, Sink};
+use super::wait::{LineId, WaitList, Waiter};
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -122,6 +123,9 @@ pub struct Cx<'a, 'e> {
     pub(super) arrived_ms: Option<u64>,
     /// The streams' deadlines, with a `deadlines` section.
     pub(super) budgets: Option<&'a Budgets>,
+    /// The streams waiting on this worker, and the stage being called.
+    pub(super) waits: &'a mut WaitList,
+    pub(super) stage: usize,
     /// The pipeline's random source (jitter).
     pub rng: &'a mut SplitMix,
     /// Effects on other streams, in order.
@@ -198,6 +202,60 @@ impl<'e> Cx<'_, 'e> {
         }
     }
 
+    /// Stream `stream` waits in this stage's `line`, in order of `key`
+    /// (then of arrival), until `until_ms` if given, when the pipeline
+    /// takes it out and calls `Stage::timed_out`; the stage then answers
+    /// `Step::Pause`. False if the stream waits already.
+    pub fn wait(
+        &mut self,
+        stream: StreamId,
+        line: LineId,
+        key: u64,
+        until_ms: Option<u64>,
+    ) -> bool {
+        let since_ms = self.now_ms();
+        let waiter = Waiter {
+            line,
+            key,
+            since_ms,
+            until_ms,
+        };
+        self.waits.push(self.stage, stream, waiter)
+    }
+
+    /// How stream `stream` waits in this stage, if it does.
+    pub fn waiter(&self, stream: StreamId) -> Option<Waiter> {
+        let (stage, w) = self.waits.get(stream)?;
+        (stage == self.stage).then_some(w)
+    }
+
+    /// Takes stream `stream` out of this stage's lines, if it waits there
+    /// (exactly once: a second call finds nothing).
+    pub fn leave(&mut self, stream: StreamId) -> Option<Waiter> {
+        self.waiter(stream)?;
+        self.waits.remove(stream).map(|(_, w)| w)
+    }
+
+    /// The streams waiting in this stage's `line`, in order.
+    pub fn in_line(&self, line: LineId) -> Vec<(StreamId, Waiter)> {
+        self.waits.line(self.stage, line).collect()
+    }
+
+    /// The first stream waiting in this stage's `line`.
+    pub fn first_in(&self, line: LineId) -> Option<(StreamId, Waiter)> {
+        self.waits.line(self.stage, line).next()
+    }
+
+    /// How many streams wait in this stage's `line`.
+    pub fn count_in(&self, line: LineId) -> usize {
+        self.waits.count(self.stage, line)
+    }
+
+    /// This stage's lines where someone waits, in order of their ids.
+    pub fn lines(&self) -> Vec<LineId> {
+        self.waits.lines_of(self.stage)
+    }
+
     /// Adds to a counter or gauge (handed to the host in batches).
     pub fn add(&mut self, m: MetricId, by: i64) {
         self.env.sink.add(m, by);
@@ -257,6 +315,11 @@ pub trait Stage {
 
     /// Periodic work (every tick).
     fn tick(&mut self, _cx: &mut Cx<'_, '_>) {}
+
+    /// A stream this stage put in a line with a time limit (`Cx::wait`)
+    /// is still there at that time: the pipeline took it out; the stage
+    /// answers it (`Effect::Reply`) or lets it go on (`Effect::Resume`).
+    fn timed_out(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId, _waiter: Waiter) {}
 
     /// A call the stage asked for ended: `body` is the response, `None` on
     /// an error or timeout.

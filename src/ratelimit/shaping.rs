@@ -5,6 +5,7 @@
 //! worker, when each held request may go.
 
 use super::Reservation;
+use crate::hash::FastMap;
 use crate::pipeline::stage::StreamId;
 
 /// One held request.
@@ -20,17 +21,18 @@ pub struct Held {
     pub reservations: Vec<Reservation>,
 }
 
-/// The requests one worker holds, and how many per rule.
+/// The requests one worker holds (in order of their turns in the
+/// pipeline's wait list), and how many per rule.
 #[derive(Debug, Default)]
 pub struct HeldList {
-    held: Vec<Held>,
+    held: FastMap<StreamId, Held>,
     per_rule: Vec<u32>,
 }
 
 impl HeldList {
     pub fn new(rules: usize) -> Self {
         HeldList {
-            held: Vec::new(),
+            held: FastMap::default(),
             per_rule: vec![0; rules],
         }
     }
@@ -50,43 +52,23 @@ impl HeldList {
                 *n += 1;
             }
         }
-        self.held.push(h);
+        self.held.insert(h.stream, h);
     }
 
-    fn forget(&mut self, i: usize) -> Held {
-        let h = self.held.swap_remove(i);
+    /// Whether `stream` is held here.
+    pub fn contains(&self, stream: StreamId) -> bool {
+        self.held.contains_key(&stream)
+    }
+
+    /// Takes out a held stream (its turn came, or it ended before), if held.
+    pub fn take(&mut self, stream: StreamId) -> Option<Held> {
+        let h = self.held.remove(&stream)?;
         for &r in &h.rules {
             if let Some(n) = self.per_rule.get_mut(r) {
                 *n = n.saturating_sub(1);
             }
         }
-        h
-    }
-
-    /// Whether `stream` is held here.
-    pub fn contains(&self, stream: StreamId) -> bool {
-        self.held.iter().any(|h| h.stream == stream)
-    }
-
-    /// Takes out a held stream (it ended before its turn), if held.
-    pub fn take(&mut self, stream: StreamId) -> Option<Held> {
-        let i = self.held.iter().position(|h| h.stream == stream)?;
-        Some(self.forget(i))
-    }
-
-    /// Takes out every request whose turn has come, earliest first.
-    pub fn due(&mut self, now_ns: u64) -> Vec<Held> {
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < self.held.len() {
-            if self.held.get(i).is_some_and(|h| h.due_ns <= now_ns) {
-                out.push(self.forget(i));
-            } else {
-                i += 1;
-            }
-        }
-        out.sort_by_key(|h| h.due_ns);
-        out
+        Some(h)
     }
 }
 
@@ -107,13 +89,18 @@ mod tests {
     }
 
     #[test]
-    fn releases_in_turn_order_and_counts_per_rule() {
+    fn counts_per_rule_and_releases_each_once() {
+        // (The order of turns is the pipeline's wait list's, by due time.)
         let mut l = HeldList::new(2);
         l.hold(held(1, 30, vec![0]));
         l.hold(held(2, 10, vec![0, 1]));
         l.hold(held(3, 20, vec![1]));
         assert_eq!((l.count(0), l.count(1)), (2, 2));
-        let due: Vec<_> = l.due(25).iter().map(|h| h.stream).collect();
+        let due: Vec<_> = [2, 3]
+            .iter()
+            .filter_map(|&s| l.take(s))
+            .map(|h| h.stream)
+            .collect();
         assert_eq!(due, vec![2, 3]);
         assert_eq!((l.count(0), l.count(1)), (1, 0));
         assert!(l.take(2).is_none(), "released once");

@@ -65,6 +65,8 @@ impl RateLimits {
             reservations: eval.reservations,
         };
         self.count_held(cx, &h, 1);
+        // In line in order of turns; let go on the tick its turn comes.
+        cx.wait(stream, super::TURNS, h.due_ns, None);
         self.held.hold(h);
         cx.tick_changed = true;
         // Admitted, held until its turn: its response carries the

@@ -20,14 +20,22 @@ use super::reply::{action, Action, PolicyInfo};
 use super::shaping::HeldList;
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Common, ConfigError, ResponseSpec};
-use crate::duration::{NS_PER_MS, NS_PER_S};
+use crate::duration::NS_PER_MS;
+use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
+use crate::pipeline::wait::{LineId, Waiter};
 use crate::request::RequestView;
 use coordinator::coordinator;
 use log::info;
 use metrics::{global_metrics, rule_metrics, GlobalMetrics, RuleMetrics};
 use wait::Waiting;
+
+/// This stage's lines in the pipeline's wait list: requests waiting for a
+/// global key's first tokens (in order of arrival), and requests a shaping
+/// rule holds until their turns (in order of their turns, ns).
+const TOKENS: LineId = 0;
+const TURNS: LineId = 1;
 
 #[cfg(test)]
 pub use coordinator::test_coordinator;
@@ -42,7 +50,7 @@ pub struct RateLimits {
     shaping: bool,
     held: HeldList,
     /// Requests waiting for global keys' first tokens (`wait_for_tokens`).
-    waiting: Vec<Waiting>,
+    waiting: FastMap<StreamId, Waiting>,
     /// Global rules: their coordinator, and each rule's index among them.
     global: Option<Coordinator>,
     global_of: Vec<Option<usize>>,
@@ -92,7 +100,7 @@ pub fn build(
         metrics,
         shaping,
         held: HeldList::new(specs.len()),
-        waiting: Vec::new(),
+        waiting: FastMap::default(),
         global,
         global_of,
         global_metrics,
@@ -181,18 +189,18 @@ impl Stage for RateLimits {
             return self.shape(cx, stream, req, now);
         }
         let eval = self.limiter.evaluate(cx.store(), now, req);
-        let again = self.waiting.iter().position(|w| w.stream == stream);
+        let again = self.waiting.contains_key(&stream);
         if let Some(wait) = self.wait_for_tokens(cx, (stream, req), &eval, again, now) {
             return wait;
         }
-        match again {
+        if again {
             // Decided at last: its demand was noted when it arrived (the
             // pipeline reduces its deadline headers by the wait).
-            Some(i) => {
-                cx.tick_changed = true;
-                self.waiting.swap_remove(i);
-            }
-            None => self.note_demand(cx, &eval, req, false),
+            cx.tick_changed = true;
+            cx.leave(stream);
+            self.waiting.remove(&stream);
+        } else {
+            self.note_demand(cx, &eval, req, false);
         }
         self.record(cx, &eval);
         self.answer(cx, &eval)
@@ -211,12 +219,13 @@ impl Stage for RateLimits {
 
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
         // A client gone while it waited for tokens.
-        if let Some(i) = self.waiting.iter().position(|w| w.stream == stream) {
-            self.waiting.swap_remove(i);
+        if self.waiting.remove(&stream).is_some() {
+            cx.leave(stream);
             cx.tick_changed = true;
         }
         // A client gone before its turn gives its turn back.
         if let Some(h) = self.held.take(stream) {
+            cx.leave(stream);
             self.limiter.give_back(cx.store(), &h.reservations);
             self.count_held(cx, &h, -1);
             cx.tick_changed = true;
@@ -230,21 +239,24 @@ impl Stage for RateLimits {
             self.apply(cx, report);
         }
         if !self.waiting.is_empty() {
-            let now = cx.now_ns();
-            // One the host no longer knows of (never decided again) is
-            // dropped a second past its time.
-            self.waiting
-                .retain(|w| now < w.until_ns.saturating_add(NS_PER_S));
-            for w in &self.waiting {
-                cx.effects.push(Effect::Again { stream: w.stream });
+            for (stream, _) in cx.in_line(TOKENS) {
+                cx.effects.push(Effect::Again { stream });
             }
             cx.tick_changed = true;
         }
         if self.held.is_empty() {
             return;
         }
+        // Those whose turn came, in order of their turns.
         let now = cx.now_ns();
-        for h in self.held.due(now) {
+        for (stream, w) in cx.in_line(TURNS) {
+            if w.key > now {
+                break;
+            }
+            cx.leave(stream);
+            let Some(h) = self.held.take(stream) else {
+                continue;
+            };
             self.count_held(cx, &h, -1);
             let waited_ms = now.saturating_sub(h.since_ns) / NS_PER_MS;
             for &r in &h.rules {
@@ -257,13 +269,19 @@ impl Stage for RateLimits {
         cx.tick_changed = true;
     }
 
+    /// (While requests wait, the pipeline keeps the fast tick.)
     fn wants_fast_tick(&self) -> bool {
-        !self.held.is_empty()
-            || !self.waiting.is_empty()
-            || self
-                .global
-                .as_ref()
-                .is_some_and(Coordinator::wants_fast_tick)
+        self.global
+            .as_ref()
+            .is_some_and(Coordinator::wants_fast_tick)
+    }
+
+    /// Still waiting for tokens a second past its time (its decisions on
+    /// the ticks did not come): decided on again, it is refused.
+    fn timed_out(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, _waiter: Waiter) {
+        if self.waiting.contains_key(&stream) {
+            cx.effects.push(Effect::Again { stream });
+        }
     }
 
     fn call_done(&mut self, cx: &mut Cx<'_, '_>, id: u64, body: Option<&[u8]>) {

@@ -5,7 +5,7 @@
 //! for refused requests, apart from shaping's.
 
 use super::RateLimits;
-use crate::duration::NS_PER_MS;
+use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::pipeline::stage::{Cx, Decision, Step, StreamId};
 use crate::ratelimit::global::{Mode, STARVED_WAIT_NS};
 use crate::ratelimit::{Evaluation, RuleResult, Verdict};
@@ -15,7 +15,6 @@ use crate::request::RequestView;
 /// them (`global.wait_for_tokens`): decided on again on every fast tick
 /// until admitted or `until_ns`.
 pub(super) struct Waiting {
-    pub(super) stream: StreamId,
     /// Until when it may wait.
     pub(super) until_ns: u64,
     /// When its demand was last noted.
@@ -37,8 +36,7 @@ const MAX_WAITING: usize = 256;
 impl RateLimits {
     /// `global.wait_for_tokens`: a request refused only because global
     /// keys' pools are being filled waits for them (paused here, decided
-    /// on again on every fast tick: `again` is its place among the
-    /// waiting), up to the shortest `wait_for_tokens` of those rules and
+    /// on again on every fast tick: `again` when it waits already), up to the shortest `wait_for_tokens` of those rules and
     /// what is left of its deadline, while this worker holds fewer than
     /// `MAX_WAITING`. `None`: decide now.
     pub(super) fn wait_for_tokens(
@@ -46,13 +44,13 @@ impl RateLimits {
         cx: &mut Cx<'_, '_>,
         (stream, req): (StreamId, &dyn RequestView),
         eval: &Evaluation,
-        again: Option<usize>,
+        again: bool,
         now: u64,
     ) -> Option<Decision> {
         let wait_ns = self.tokens_wait(eval)?;
         let until_ns = match again {
-            Some(i) => {
-                let w = self.waiting.get_mut(i)?;
+            true => {
+                let w = self.waiting.get_mut(&stream)?;
                 let until_ns = w.until_ns;
                 if now < until_ns && now.saturating_sub(w.noted_ns) >= NOTE_AGAIN_NS {
                     w.noted_ns = now;
@@ -60,8 +58,8 @@ impl RateLimits {
                 }
                 until_ns
             }
-            None if self.waiting.len() >= MAX_WAITING => return None,
-            None => {
+            false if self.waiting.len() >= MAX_WAITING => return None,
+            false => {
                 let left_ns = super::wait_left_ns(cx, stream, now);
                 now.saturating_add(wait_ns.min(left_ns))
             }
@@ -69,13 +67,17 @@ impl RateLimits {
         if now >= until_ns {
             return None;
         }
-        if again.is_none() {
+        if !again {
             self.note_demand(cx, eval, req, false);
-            self.waiting.push(Waiting {
-                stream,
+            let w = Waiting {
                 until_ns,
                 noted_ns: now,
-            });
+            };
+            self.waiting.insert(stream, w);
+            // Decided on again on every tick; in line a second past its
+            // time at most (see `timed_out`).
+            let last_ms = until_ns.saturating_add(NS_PER_S) / NS_PER_MS;
+            cx.wait(stream, super::TOKENS, now, Some(last_ms));
             cx.tick_changed = true;
         }
         Some(Decision::of(Step::Pause, true))

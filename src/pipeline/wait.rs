@@ -1,0 +1,195 @@
+//! Waiting: the one list of the streams paused on this worker, whichever
+//! stage paused them. A stage says what a stream waits in (a line of its
+//! own: a limit's place, a rule, a due time) and until when; the pipeline
+//! keeps the lines in order, takes a stream out exactly once (its stage
+//! let it go, its time ran out, or it ended, however it ended), tells the
+//! stage when its time ran out, and keeps the fast tick while anyone
+//! waits. What a waiter waits *for* (a free place, its turn, tokens) stays
+//! the stage's.
+//!
+//! Memory: one entry per paused stream, each removed at the latest when
+//! its stream ends.
+
+use crate::hash::FastMap;
+use std::collections::VecDeque;
+
+/// A stage's number for one of its lines.
+pub type LineId = u64;
+
+/// Where and how a stream waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiter {
+    /// The stage's line it waits in.
+    pub line: LineId,
+    /// Its place: a line is kept in order of this key, and in order of
+    /// arrival among equal keys (a stage that gives the arrival time gets
+    /// first in, first out; a turn or a due time orders by that).
+    pub key: u64,
+    /// When it started waiting here (ms).
+    pub since_ms: u64,
+    /// When the pipeline takes it out and tells its stage
+    /// (`Stage::timed_out`), if ever.
+    pub until_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    stage: usize,
+    waiter: Waiter,
+}
+
+/// The waiters of one pipeline (one worker), by stage and line.
+#[derive(Debug, Default)]
+pub struct WaitList {
+    /// Each line's streams, in order of their keys.
+    lines: FastMap<(usize, LineId), VecDeque<u32>>,
+    of: FastMap<u32, Entry>,
+}
+
+impl WaitList {
+    /// Whether nobody waits.
+    pub fn is_empty(&self) -> bool {
+        self.of.is_empty()
+    }
+
+    /// Streams waiting.
+    pub fn len(&self) -> usize {
+        self.of.len()
+    }
+
+    /// Puts `stream` in stage `stage`'s line, after every waiter whose key
+    /// is not greater. A stream already waiting stays where it is (false).
+    pub(super) fn push(&mut self, stage: usize, stream: u32, waiter: Waiter) -> bool {
+        if self.of.contains_key(&stream) {
+            return false;
+        }
+        let line = self.lines.entry((stage, waiter.line)).or_default();
+        let of = &self.of;
+        let key_of = |s: &u32| of.get(s).map_or(0, |e| e.waiter.key);
+        let at = line
+            .iter()
+            .rposition(|s| key_of(s) <= waiter.key)
+            .map_or(0, |i| i + 1);
+        line.insert(at, stream);
+        self.of.insert(stream, Entry { stage, waiter });
+        true
+    }
+
+    /// Where `stream` waits, if it does: its stage and how.
+    pub(super) fn get(&self, stream: u32) -> Option<(usize, Waiter)> {
+        self.of.get(&stream).map(|e| (e.stage, e.waiter))
+    }
+
+    /// Takes `stream` out, if it waits.
+    pub(super) fn remove(&mut self, stream: u32) -> Option<(usize, Waiter)> {
+        let e = self.of.remove(&stream)?;
+        let key = (e.stage, e.waiter.line);
+        if let Some(line) = self.lines.get_mut(&key) {
+            if let Some(i) = line.iter().position(|&s| s == stream) {
+                line.remove(i);
+            }
+            if line.is_empty() {
+                self.lines.remove(&key);
+            }
+        }
+        Some((e.stage, e.waiter))
+    }
+
+    /// The streams of a line, in order.
+    pub(super) fn line(
+        &self,
+        stage: usize,
+        line: LineId,
+    ) -> impl Iterator<Item = (u32, Waiter)> + '_ {
+        self.lines
+            .get(&(stage, line))
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((*s, self.of.get(s)?.waiter)))
+    }
+
+    /// How many wait in a line.
+    pub(super) fn count(&self, stage: usize, line: LineId) -> usize {
+        self.lines.get(&(stage, line)).map_or(0, VecDeque::len)
+    }
+
+    /// The lines of a stage where someone waits, in order of their ids.
+    pub(super) fn lines_of(&self, stage: usize) -> Vec<LineId> {
+        let mut out: Vec<LineId> = self
+            .lines
+            .keys()
+            .filter(|(s, _)| *s == stage)
+            .map(|(_, l)| *l)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Takes out every waiter whose time is up at `now_ms`: (stage,
+    /// stream, waiter), in order of their time.
+    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<(usize, u32, Waiter)> {
+        let mut due: Vec<(u64, u32)> = self
+            .of
+            .iter()
+            .filter_map(|(s, e)| Some((e.waiter.until_ms?, *s)))
+            .filter(|&(until, _)| until <= now_ms)
+            .collect();
+        due.sort_unstable();
+        due.into_iter()
+            .filter_map(|(_, s)| {
+                let (stage, w) = self.remove(s)?;
+                Some((stage, s, w))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn w(line: LineId, key: u64, until_ms: Option<u64>) -> Waiter {
+        Waiter {
+            line,
+            key,
+            since_ms: 0,
+            until_ms,
+        }
+    }
+
+    #[test]
+    fn lines_keep_key_order_then_arrival_order_and_each_stream_leaves_once() {
+        let mut l = WaitList::default();
+        assert!(l.push(0, 1, w(7, 10, None)));
+        assert!(l.push(0, 2, w(7, 5, None)));
+        assert!(l.push(0, 3, w(7, 10, None)));
+        assert!(l.push(1, 4, w(7, 0, None)));
+        assert!(!l.push(0, 1, w(8, 0, None)), "one place per stream");
+        let order: Vec<u32> = l.line(0, 7).map(|(s, _)| s).collect();
+        assert_eq!(order, [2, 1, 3]);
+        assert_eq!((l.count(0, 7), l.count(1, 7), l.len()), (3, 1, 4));
+        assert_eq!(l.remove(1).map(|(st, x)| (st, x.key)), Some((0, 10)));
+        assert_eq!(l.remove(1), None);
+        assert_eq!(l.lines_of(0), [7]);
+        l.remove(2);
+        l.remove(3);
+        assert!(l.lines_of(0).is_empty(), "an empty line is forgotten");
+        assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn waiters_whose_time_is_up_are_taken_out_in_order_of_their_time() {
+        let mut l = WaitList::default();
+        l.push(0, 1, w(1, 0, Some(30)));
+        l.push(0, 2, w(1, 1, Some(10)));
+        l.push(1, 3, w(2, 0, None));
+        l.push(1, 4, w(2, 1, Some(31)));
+        let out: Vec<u32> = l.expired(30).into_iter().map(|(_, s, _)| s).collect();
+        assert_eq!(out, [2, 1]);
+        assert!(l.expired(30).is_empty());
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.get(4).map(|(st, _)| st), Some(1));
+    }
+}
