@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 /// How the upstream answered a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallOutcome {
     Success,
     Failure,
     /// No verdict on the upstream (refused by another mechanism, client gone).
@@ -59,11 +59,11 @@ impl FailureSpec {
     /// any other detail, or none on an error status, is a local reply by a
     /// filter (an authz denial, or sluice itself, whose replies carry no
     /// details) and says nothing about the upstream.
-    pub fn classify(&self, status: Option<u32>, details: Option<&[u8]>) -> Outcome {
+    pub fn classify(&self, status: Option<u32>, details: Option<&[u8]>) -> CallOutcome {
         let by_status = || match status {
-            Some(s) if self.is_failure_status(s) => Outcome::Failure,
-            Some(_) => Outcome::Success,
-            None => Outcome::Ignored,
+            Some(s) if self.is_failure_status(s) => CallOutcome::Failure,
+            Some(_) => CallOutcome::Success,
+            None => CallOutcome::Ignored,
         };
         match details {
             Some(b"via_upstream") => by_status(),
@@ -76,12 +76,12 @@ impl FailureSpec {
                     || d == b"response_timeout" =>
             {
                 if self.local_failures {
-                    Outcome::Failure
+                    CallOutcome::Failure
                 } else {
-                    Outcome::Ignored
+                    CallOutcome::Ignored
                 }
             }
-            _ => Outcome::Ignored,
+            _ => CallOutcome::Ignored,
         }
     }
 }

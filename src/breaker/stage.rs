@@ -4,7 +4,7 @@
 //! and merges batched successes on the tick.
 
 use super::config::BreakerSpec;
-use super::runtime::{Breakers, Check, Event, Outcome, Ticket};
+use super::runtime::{Breakers, CallOutcome, Check, Event, Ticket};
 use super::Transition;
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
@@ -190,7 +190,7 @@ impl BreakerStage {
         &mut self,
         cx: &mut Cx<'_, '_>,
         stream: StreamId,
-        outcome: &dyn Fn(&super::FailureSpec, u64) -> Outcome,
+        outcome: &dyn Fn(&super::FailureSpec, u64) -> CallOutcome,
     ) {
         let Some((start, tickets)) = self.tickets.remove(&stream) else {
             return;
@@ -231,7 +231,7 @@ impl BreakerStage {
         }
         for t in slow {
             self.run(cx, &mut |b, store, rng, ev| {
-                b.record(store, now, t, Outcome::Failure, rng, ev)
+                b.record(store, now, t, CallOutcome::Failure, rng, ev)
             });
         }
     }
@@ -300,7 +300,9 @@ impl Stage for BreakerStage {
             cx,
             stream,
             &|f, took_ms| match f.classify(status, details) {
-                Outcome::Success if f.slow_ms.is_some_and(|s| took_ms >= s) => Outcome::Failure,
+                CallOutcome::Success if f.slow_ms.is_some_and(|s| took_ms >= s) => {
+                    CallOutcome::Failure
+                }
                 o => o,
             },
         );
@@ -310,7 +312,7 @@ impl Stage for BreakerStage {
     /// A stream that ended without a response (client gone, reset, refused
     /// by a later stage) gives its probe claims back without a verdict.
     fn end(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
-        self.report(cx, stream, &|_, _| Outcome::Ignored);
+        self.report(cx, stream, &|_, _| CallOutcome::Ignored);
     }
 
     fn waiting(&mut self, _cx: &mut Cx<'_, '_>, stream: StreamId) {

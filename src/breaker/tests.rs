@@ -1,7 +1,7 @@
 //! Breaker tests: the state machine under random outcome sequences, and the
 //! runtime with several simulated VMs sharing one store.
 
-use super::runtime::{Breakers, Check, Outcome, SYNC_MS};
+use super::runtime::{Breakers, CallOutcome, Check, SYNC_MS};
 use super::*;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
@@ -320,7 +320,14 @@ fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
         let Check::Pass(t) = vm[0].check(&store, T0 + 1, &to("a"), &mut rng, &mut ev) else {
             panic!("{i}")
         };
-        vm[0].record(&store, T0 + 1, t[0], Outcome::Failure, &mut rng, &mut ev);
+        vm[0].record(
+            &store,
+            T0 + 1,
+            t[0],
+            CallOutcome::Failure,
+            &mut rng,
+            &mut ev,
+        );
     }
     assert!(ev
         .iter()
@@ -358,7 +365,14 @@ fn probes_across_vms(remembering: bool) {
         let Check::Pass(t) = vm[0].check(&*views[0], T0, &to("a"), &mut rng, &mut ev) else {
             panic!()
         };
-        vm[0].record(&*views[0], T0, t[0], Outcome::Failure, &mut rng, &mut ev);
+        vm[0].record(
+            &*views[0],
+            T0,
+            t[0],
+            CallOutcome::Failure,
+            &mut rng,
+            &mut ev,
+        );
     }
     let later = T0 + 5_000;
     let mut probes = Vec::new();
@@ -375,7 +389,7 @@ fn probes_across_vms(remembering: bool) {
         &*views[0],
         later + 10,
         probes[0][0],
-        Outcome::Success,
+        CallOutcome::Success,
         &mut rng,
         &mut ev,
     );
@@ -406,9 +420,9 @@ fn successes_are_batched_and_ignored_outcomes_do_not_count() {
             T0 + i / 10,
             t[0],
             if i % 2 == 0 {
-                Outcome::Success
+                CallOutcome::Success
             } else {
-                Outcome::Ignored
+                CallOutcome::Ignored
             },
             &mut rng,
             &mut ev,
@@ -437,51 +451,51 @@ fn responses_are_classified_by_status_and_envoy_details() {
     let f = default_spec().failure;
     assert_eq!(
         f.classify(Some(200), Some(b"via_upstream")),
-        Outcome::Success
+        CallOutcome::Success
     );
     assert_eq!(
         f.classify(Some(503), Some(b"via_upstream")),
-        Outcome::Failure
+        CallOutcome::Failure
     );
     assert_eq!(
         f.classify(Some(429), Some(b"via_upstream")),
-        Outcome::Success
+        CallOutcome::Success
     );
     assert_eq!(
         f.classify(Some(504), Some(b"upstream_response_timeout")),
-        Outcome::Failure
+        CallOutcome::Failure
     );
     assert_eq!(
         f.classify(
             Some(503),
             Some(b"upstream_reset_before_response_started{remote_connection_failure}")
         ),
-        Outcome::Failure
+        CallOutcome::Failure
     );
     assert_eq!(
         f.classify(Some(503), Some(b"no_healthy_upstream")),
-        Outcome::Failure
+        CallOutcome::Failure
     );
     assert_eq!(
         f.classify(Some(403), Some(b"ext_authz_denied")),
-        Outcome::Ignored
+        CallOutcome::Ignored
     );
     assert_eq!(
         f.classify(Some(429), Some(b"wasm_send_local_response")),
-        Outcome::Ignored
+        CallOutcome::Ignored
     );
-    assert_eq!(f.classify(None, None), Outcome::Ignored);
+    assert_eq!(f.classify(None, None), CallOutcome::Ignored);
     // sluice's own local replies (a shed or refused request) carry no details.
-    assert_eq!(f.classify(Some(503), None), Outcome::Ignored);
-    assert_eq!(f.classify(Some(200), None), Outcome::Success);
+    assert_eq!(f.classify(Some(503), None), CallOutcome::Ignored);
+    assert_eq!(f.classify(Some(200), None), CallOutcome::Success);
     let with_429 = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["5xx","429"],"local_failures":false}}]}"#).failure;
     assert_eq!(
         with_429.classify(Some(429), Some(b"via_upstream")),
-        Outcome::Failure
+        CallOutcome::Failure
     );
     assert_eq!(
         with_429.classify(Some(504), Some(b"upstream_response_timeout")),
-        Outcome::Ignored
+        CallOutcome::Ignored
     );
 }
 

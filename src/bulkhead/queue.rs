@@ -14,7 +14,7 @@ pub type Place = (usize, u32);
 
 /// A request waiting for a place.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiter {
+pub struct Pending {
     /// The places of the limits the request matches, in order, from the
     /// first it waited for (`None`: its key is missing and the limit
     /// skips it); it waits for `places[at]`.
@@ -28,7 +28,7 @@ pub struct Waiter {
     pub by_deadline: bool,
 }
 
-impl Waiter {
+impl Pending {
     /// The place it waits for.
     pub fn place(&self) -> Option<Place> {
         match self.places.get(self.at) {
@@ -52,7 +52,7 @@ fn place_of(line: LineId) -> Place {
 /// place, first come first served (`Cx::wait`); here, what each waits for.
 #[derive(Default)]
 pub struct Queues {
-    waiters: FastMap<StreamId, Waiter>,
+    waiters: FastMap<StreamId, Pending>,
 }
 
 impl Queues {
@@ -73,7 +73,7 @@ impl Queues {
 
     /// Puts stream `id` at the end of its place's line, until its time
     /// is up (`until_ms`: the pipeline then calls `Stage::timed_out`).
-    pub fn push(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
+    pub fn push(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Pending) {
         let Some(place) = w.place() else {
             return;
         };
@@ -83,13 +83,13 @@ impl Queues {
 
     /// Takes stream `id` out of the queues (its client went away, or its
     /// time is up and the pipeline took it out of line), if it waited.
-    pub fn cancel(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) -> Option<Waiter> {
+    pub fn cancel(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) -> Option<Pending> {
         cx.leave(id);
         self.waiters.remove(&id)
     }
 
     /// Takes out the first waiter at `place`.
-    pub fn pop(&mut self, cx: &mut Cx<'_, '_>, place: Place) -> Option<(StreamId, Waiter)> {
+    pub fn pop(&mut self, cx: &mut Cx<'_, '_>, place: Place) -> Option<(StreamId, Pending)> {
         let (id, _) = cx.first_in(line_of(place))?;
         cx.leave(id);
         let w = self.waiters.remove(&id)?;

@@ -6,7 +6,7 @@
 //! later stages see it only once it has every place.
 
 use super::config::LimitSpec;
-use super::queue::{Place, Queues, Waiter};
+use super::queue::{Pending, Place, Queues};
 use super::{Admission, Bulkheads};
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
@@ -197,7 +197,7 @@ impl BulkheadStage {
         self.park(
             cx,
             id,
-            Waiter {
+            Pending {
                 places,
                 at: 0,
                 since_ms: now,
@@ -208,7 +208,7 @@ impl BulkheadStage {
     }
 
     /// Puts a waiter in its place's line.
-    pub(super) fn park(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
+    pub(super) fn park(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Pending) {
         if let Some((b, _)) = w.place() {
             cx.add(self.m(b).queued, 1);
         }
@@ -289,7 +289,7 @@ impl Stage for BulkheadStage {
         &mut self,
         cx: &mut Cx<'_, '_>,
         id: StreamId,
-        _waiter: crate::pipeline::wait::Waiter,
+        _waiter: crate::pipeline::wait::Wait,
     ) {
         if let Some(w) = self.queues.cancel(cx, id) {
             self.time_out(cx, id, w);

@@ -6,7 +6,7 @@
 //! or deadline passes is answered then, and its places given back. Each
 //! waiter leaves its line exactly once: granted, timed out, or gone.
 
-use super::queue::{Place, Waiter};
+use super::queue::{Pending, Place};
 use super::stage::{BulkheadStage, Took};
 use super::Admission;
 use crate::pipeline::stage::{Cx, Effect, StreamId};
@@ -45,7 +45,7 @@ impl BulkheadStage {
         cx: &mut Cx<'_, '_>,
         place: Place,
         out: &mut Vec<StreamId>,
-    ) -> Option<(StreamId, Waiter)> {
+    ) -> Option<(StreamId, Pending)> {
         let now = cx.now_ms();
         while let Some((id, w)) = self.queues.pop(cx, place) {
             if now < w.until_ms {
@@ -66,7 +66,7 @@ impl BulkheadStage {
         &mut self,
         cx: &mut Cx<'_, '_>,
         id: StreamId,
-        mut w: Waiter,
+        mut w: Pending,
         holds: bool,
     ) -> Option<StreamId> {
         if let Some((b, slot)) = w.place() {
@@ -105,7 +105,7 @@ impl BulkheadStage {
     /// A waiter's time is up: it is answered (a missed deadline as such,
     /// else as over the limit); the caller gives back the places it took
     /// at earlier limits.
-    pub(super) fn time_out(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Waiter) {
+    pub(super) fn time_out(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Pending) {
         let Some((b, _)) = w.place() else {
             return;
         };

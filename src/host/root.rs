@@ -4,7 +4,7 @@
 
 use super::plugin::Plugin;
 use super::store::{self, SharedData};
-use super::stream::Stream;
+use super::stream::HttpStream;
 use super::views::now_ns;
 use crate::hash::FastMap;
 use crate::pipeline::{Call, Outcome, Signal, SLOW_TICK};
@@ -224,7 +224,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Stream::new(context_id, self.plugin.clone())))
+        Some(Box::new(HttpStream::new(context_id, self.plugin.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

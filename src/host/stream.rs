@@ -11,26 +11,26 @@ use std::rc::Rc;
 
 /// A stream's id and its configuration's plugin: the pipeline keeps
 /// whatever else it needs of the stream, by id.
-pub struct Stream {
+pub struct HttpStream {
     id: u32,
     plugin: Option<Rc<Plugin>>,
 }
 
-impl Stream {
+impl HttpStream {
     pub fn new(id: u32, plugin: Option<Rc<Plugin>>) -> Self {
         // A stream of an empty configuration never calls the pipeline.
         let plugin = plugin.filter(|p| !p.is_empty());
-        Stream { id, plugin }
+        HttpStream { id, plugin }
     }
 }
 
-impl Context for Stream {}
+impl Context for HttpStream {}
 
 /// The SDK drops a stream's context when Envoy deletes it (`proxy_on_delete`,
 /// once per stream, however it ended). Doing the end-of-stream work here
 /// rather than in `on_log` or `on_done` lets `make build` strip those two
 /// exports, which saves two trips into the VM on every request.
-impl Drop for Stream {
+impl Drop for HttpStream {
     fn drop(&mut self) {
         if let Some(plugin) = &self.plugin {
             let id = self.id;
@@ -41,7 +41,7 @@ impl Drop for Stream {
     }
 }
 
-impl HttpContext for Stream {
+impl HttpContext for HttpStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(plugin) = &self.plugin else {
             return Action::Continue;

@@ -9,7 +9,7 @@ use crate::request::RequestView;
 /// What the pipeline keeps of a stream while a stage holds something for
 /// it, it is paused, or headers wait for its response.
 #[derive(Debug, Default)]
-pub(super) struct Stream {
+pub(super) struct StreamState {
     pub(super) id: StreamId,
     /// Bit `i`: stage `i` holds something for this stream.
     pub(super) holds: u64,
@@ -21,11 +21,11 @@ pub(super) struct Stream {
     pub(super) response_headers: Vec<(&'static str, String)>,
 }
 
-impl Stream {
+impl StreamState {
     pub(super) fn new(id: StreamId) -> Self {
-        Stream {
+        StreamState {
             id,
-            ..Stream::default()
+            ..StreamState::default()
         }
     }
 
@@ -51,7 +51,7 @@ pub enum Verdict {
 pub(super) fn run(
     stages: &mut [Box<dyn Stage>],
     cx: &mut Cx<'_, '_>,
-    stream: &mut Stream,
+    stream: &mut StreamState,
     req: &dyn RequestView,
     from: usize,
 ) -> Verdict {
@@ -102,7 +102,7 @@ pub(super) fn run(
 fn tell_holders(
     stages: &mut [Box<dyn Stage>],
     cx: &mut Cx<'_, '_>,
-    stream: &Stream,
+    stream: &StreamState,
     upto: usize,
     tell: fn(&mut dyn Stage, &mut Cx<'_, '_>, StreamId),
 ) {
@@ -117,7 +117,11 @@ fn tell_holders(
 /// Tells every stage holding something for the stream that it ended, and
 /// forgets that they did: the only way a hold bit is cleared after the
 /// request, so the release happens once.
-pub(super) fn release(stages: &mut [Box<dyn Stage>], cx: &mut Cx<'_, '_>, stream: &mut Stream) {
+pub(super) fn release(
+    stages: &mut [Box<dyn Stage>],
+    cx: &mut Cx<'_, '_>,
+    stream: &mut StreamState,
+) {
     let holds = std::mem::take(&mut stream.holds);
     for (i, stage) in stages.iter_mut().enumerate() {
         if holds & (1 << i) != 0 {

@@ -33,7 +33,7 @@ use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use deadline::Budgets;
 pub use flow::Verdict;
-use flow::{each, release, run, Stream};
+use flow::{each, release, run, StreamState};
 use std::time::Duration;
 use telemetry::Registry;
 use wait::WaitList;
@@ -72,9 +72,9 @@ pub struct Pipeline {
     budgets: Option<Budgets>,
     /// The streams waiting on this worker, whichever stage paused them.
     waits: WaitList,
-    /// The streams it keeps something of (see [`Stream`]), by id: the host
+    /// The streams it keeps something of (see [`StreamState`]), by id: the host
     /// keeps none of the pipeline's state.
-    streams: FastMap<StreamId, Stream>,
+    streams: FastMap<StreamId, StreamState>,
     /// The metrics every stage defined.
     pub metrics: Registry,
 }
@@ -186,7 +186,7 @@ impl Pipeline {
         id: StreamId,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        let mut stream = Stream::new(id);
+        let mut stream = StreamState::new(id);
         // The deadline is read once, on arrival, and kept for the stream.
         let now_ns = self.budgets.as_mut().map(|b| {
             let now_ns = (env.clock)();
@@ -201,7 +201,7 @@ impl Pipeline {
     }
 
     /// Keeps what is left of a stream until its next call.
-    fn keep(&mut self, stream: Stream) {
+    fn keep(&mut self, stream: StreamState) {
         if stream.worth_keeping() {
             self.streams.insert(stream.id, stream);
         }

@@ -5,7 +5,7 @@
 
 use super::deadline::Budgets;
 use super::telemetry::{MetricId, Sink};
-use super::wait::{LineId, WaitList, Waiter};
+use super::wait::{LineId, Wait, WaitList};
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -214,7 +214,7 @@ impl<'e> Cx<'_, 'e> {
         until_ms: Option<u64>,
     ) -> bool {
         let since_ms = self.now_ms();
-        let waiter = Waiter {
+        let waiter = Wait {
             line,
             key,
             since_ms,
@@ -224,25 +224,25 @@ impl<'e> Cx<'_, 'e> {
     }
 
     /// How stream `stream` waits in this stage, if it does.
-    pub fn waiter(&self, stream: StreamId) -> Option<Waiter> {
+    pub fn waiter(&self, stream: StreamId) -> Option<Wait> {
         let (stage, w) = self.waits.get(stream)?;
         (stage == self.stage).then_some(w)
     }
 
     /// Takes stream `stream` out of this stage's lines, if it waits there
     /// (exactly once: a second call finds nothing).
-    pub fn leave(&mut self, stream: StreamId) -> Option<Waiter> {
+    pub fn leave(&mut self, stream: StreamId) -> Option<Wait> {
         self.waiter(stream)?;
         self.waits.remove(stream).map(|(_, w)| w)
     }
 
     /// The streams waiting in this stage's `line`, in order.
-    pub fn in_line(&self, line: LineId) -> Vec<(StreamId, Waiter)> {
+    pub fn in_line(&self, line: LineId) -> Vec<(StreamId, Wait)> {
         self.waits.line(self.stage, line).collect()
     }
 
     /// The first stream waiting in this stage's `line`.
-    pub fn first_in(&self, line: LineId) -> Option<(StreamId, Waiter)> {
+    pub fn first_in(&self, line: LineId) -> Option<(StreamId, Wait)> {
         self.waits.line(self.stage, line).next()
     }
 
@@ -319,7 +319,7 @@ pub trait Stage {
     /// A stream this stage put in a line with a time limit (`Cx::wait`)
     /// is still there at that time: the pipeline took it out; the stage
     /// answers it (`Effect::Reply`) or lets it go on (`Effect::Resume`).
-    fn timed_out(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId, _waiter: Waiter) {}
+    fn timed_out(&mut self, _cx: &mut Cx<'_, '_>, _stream: StreamId, _waiter: Wait) {}
 
     /// A call the stage asked for ended: `body` is the response, `None` on
     /// an error or timeout.

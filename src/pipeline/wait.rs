@@ -18,7 +18,7 @@ pub type LineId = u64;
 
 /// Where and how a stream waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waiter {
+pub struct Wait {
     /// The stage's line it waits in.
     pub line: LineId,
     /// Its place: a line is kept in order of this key, and in order of
@@ -33,9 +33,9 @@ pub struct Waiter {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Spot {
     stage: usize,
-    waiter: Waiter,
+    waiter: Wait,
 }
 
 /// The waiters of one pipeline (one worker), by stage and line.
@@ -43,7 +43,7 @@ struct Entry {
 pub struct WaitList {
     /// Each line's streams, in order of their keys.
     lines: FastMap<(usize, LineId), VecDeque<u32>>,
-    of: FastMap<u32, Entry>,
+    of: FastMap<u32, Spot>,
 }
 
 impl WaitList {
@@ -59,7 +59,7 @@ impl WaitList {
 
     /// Puts `stream` in stage `stage`'s line, after every waiter whose key
     /// is not greater. A stream already waiting stays where it is (false).
-    pub(super) fn push(&mut self, stage: usize, stream: u32, waiter: Waiter) -> bool {
+    pub(super) fn push(&mut self, stage: usize, stream: u32, waiter: Wait) -> bool {
         if self.of.contains_key(&stream) {
             return false;
         }
@@ -71,17 +71,17 @@ impl WaitList {
             .rposition(|s| key_of(s) <= waiter.key)
             .map_or(0, |i| i + 1);
         line.insert(at, stream);
-        self.of.insert(stream, Entry { stage, waiter });
+        self.of.insert(stream, Spot { stage, waiter });
         true
     }
 
     /// Where `stream` waits, if it does: its stage and how.
-    pub(super) fn get(&self, stream: u32) -> Option<(usize, Waiter)> {
+    pub(super) fn get(&self, stream: u32) -> Option<(usize, Wait)> {
         self.of.get(&stream).map(|e| (e.stage, e.waiter))
     }
 
     /// Takes `stream` out, if it waits.
-    pub(super) fn remove(&mut self, stream: u32) -> Option<(usize, Waiter)> {
+    pub(super) fn remove(&mut self, stream: u32) -> Option<(usize, Wait)> {
         let e = self.of.remove(&stream)?;
         let key = (e.stage, e.waiter.line);
         if let Some(line) = self.lines.get_mut(&key) {
@@ -100,7 +100,7 @@ impl WaitList {
         &self,
         stage: usize,
         line: LineId,
-    ) -> impl Iterator<Item = (u32, Waiter)> + '_ {
+    ) -> impl Iterator<Item = (u32, Wait)> + '_ {
         self.lines
             .get(&(stage, line))
             .into_iter()
@@ -127,7 +127,7 @@ impl WaitList {
 
     /// Takes out every waiter whose time is up at `now_ms`: (stage,
     /// stream, waiter), in order of their time.
-    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<(usize, u32, Waiter)> {
+    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<(usize, u32, Wait)> {
         let mut due: Vec<(u64, u32)> = self
             .of
             .iter()
@@ -150,8 +150,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn w(line: LineId, key: u64, until_ms: Option<u64>) -> Waiter {
-        Waiter {
+    fn w(line: LineId, key: u64, until_ms: Option<u64>) -> Wait {
+        Wait {
             line,
             key,
             since_ms: 0,

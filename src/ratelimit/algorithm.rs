@@ -3,7 +3,7 @@
 //! decide on it, how full it is, and how to merge two states (a key's two
 //! slots in a bounded table only ever grow, by merging).
 
-use super::bucket::{BucketSpec, Outcome};
+use super::bucket::{BucketAnswer, BucketSpec};
 use super::global::pool::{Pool, PoolSpec};
 use super::window::WindowSpec;
 
@@ -22,7 +22,7 @@ pub enum Algorithm {
 impl Algorithm {
     /// Decides on a request of `cost`; `slack_ns` is how long a token
     /// bucket may make it wait for its turn (shaping; 0 refuses instead).
-    pub fn decide(&self, state: u128, now_ns: u64, cost: u64, slack_ns: u64) -> Outcome {
+    pub fn decide(&self, state: u128, now_ns: u64, cost: u64, slack_ns: u64) -> BucketAnswer {
         match self {
             Algorithm::Bucket(b) => b.decide_within(state, now_ns, cost, slack_ns),
             Algorithm::Window(w) => w.decide(state, now_ns, cost),

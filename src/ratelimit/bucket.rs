@@ -21,7 +21,7 @@ pub struct BucketSpec {
 
 /// The outcome of asking a bucket for `cost` tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum BucketAnswer {
     /// Admitted; the state becomes `new_tat`.
     Allow {
         new_tat: u128,
@@ -44,21 +44,25 @@ pub enum Outcome {
     },
 }
 
-impl Outcome {
+impl BucketAnswer {
     /// Whether the request was admitted.
     pub fn allowed(&self) -> bool {
-        matches!(self, Outcome::Allow { .. })
+        matches!(self, BucketAnswer::Allow { .. })
     }
     /// Whole tokens left.
     pub fn remaining(&self) -> u64 {
         match *self {
-            Outcome::Allow { remaining, .. } | Outcome::Deny { remaining, .. } => remaining,
+            BucketAnswer::Allow { remaining, .. } | BucketAnswer::Deny { remaining, .. } => {
+                remaining
+            }
         }
     }
     /// Nanoseconds until the bucket is full.
     pub fn full_in_ns(&self) -> u64 {
         match *self {
-            Outcome::Allow { full_in_ns, .. } | Outcome::Deny { full_in_ns, .. } => full_in_ns,
+            BucketAnswer::Allow { full_in_ns, .. } | BucketAnswer::Deny { full_in_ns, .. } => {
+                full_in_ns
+            }
         }
     }
 }
@@ -88,7 +92,7 @@ impl BucketSpec {
 
     /// Decides whether `cost` tokens (at most `burst`) are available at
     /// `now_ns` for a bucket whose state is `tat`.
-    pub fn decide(&self, tat: u128, now_ns: u64, cost: u64) -> Outcome {
+    pub fn decide(&self, tat: u128, now_ns: u64, cost: u64) -> BucketAnswer {
         self.decide_within(tat, now_ns, cost, 0)
     }
 
@@ -97,7 +101,7 @@ impl BucketSpec {
     /// moves past the burst) and must wait `delay_ns` before it goes on
     /// (shaping). Requests reserving in turn are spaced exactly one cost's
     /// refill apart.
-    pub fn decide_within(&self, tat: u128, now_ns: u64, cost: u64, slack_ns: u64) -> Outcome {
+    pub fn decide_within(&self, tat: u128, now_ns: u64, cost: u64, slack_ns: u64) -> BucketAnswer {
         let now = self.scaled_now(now_ns);
         let period = self.period_ns as u128;
         let base = tat.max(now);
@@ -105,14 +109,14 @@ impl BucketSpec {
         let limit = now.saturating_add((self.burst as u128).saturating_mul(period));
         let slack = (slack_ns as u128).saturating_mul(self.rate as u128);
         if new_tat <= limit.saturating_add(slack) {
-            Outcome::Allow {
+            BucketAnswer::Allow {
                 new_tat,
                 remaining: self.tokens_floor(limit.saturating_sub(new_tat)),
                 full_in_ns: self.ns_ceil(new_tat - now),
                 delay_ns: self.ns_ceil(new_tat.saturating_sub(limit)),
             }
         } else {
-            Outcome::Deny {
+            BucketAnswer::Deny {
                 wait_ns: self.ns_ceil(new_tat - limit),
                 remaining: self.tokens_floor(limit.saturating_sub(base)),
                 full_in_ns: self.ns_ceil(base - now),
@@ -145,7 +149,7 @@ mod tests {
         let mut tat = 0;
         for i in 0..5 {
             match b.decide(tat, now, 1) {
-                Outcome::Allow {
+                BucketAnswer::Allow {
                     new_tat, remaining, ..
                 } => {
                     assert_eq!(remaining, 4 - i);
@@ -155,7 +159,7 @@ mod tests {
             }
         }
         match b.decide(tat, now, 1) {
-            Outcome::Deny {
+            BucketAnswer::Deny {
                 wait_ns,
                 remaining,
                 full_in_ns,
@@ -173,10 +177,10 @@ mod tests {
         // 3 per second: a token every 333,333,333.33 ns.
         let b = spec(3, S, 3);
         let now = 5 * S;
-        let Outcome::Allow { new_tat, .. } = b.decide(0, now, 3) else {
+        let BucketAnswer::Allow { new_tat, .. } = b.decide(0, now, 3) else {
             panic!()
         };
-        let Outcome::Deny { wait_ns, .. } = b.decide(new_tat, now, 1) else {
+        let BucketAnswer::Deny { wait_ns, .. } = b.decide(new_tat, now, 1) else {
             panic!()
         };
         assert_eq!(wait_ns, 333_333_334);
@@ -190,7 +194,7 @@ mod tests {
     #[test]
     fn time_going_backwards_never_grants_tokens() {
         let b = spec(1, S, 2);
-        let Outcome::Allow { new_tat, .. } = b.decide(0, 100 * S, 2) else {
+        let BucketAnswer::Allow { new_tat, .. } = b.decide(0, 100 * S, 2) else {
             panic!()
         };
         assert!(!b.decide(new_tat, 50 * S, 1).allowed());
@@ -213,7 +217,7 @@ mod tests {
             for _ in 0..400 {
                 now += rng.below(period_ns / rate * 3 + 2);
                 let cost = 1 + rng.below(burst);
-                if let Outcome::Allow { new_tat, .. } = b.decide(tat, now, cost) {
+                if let BucketAnswer::Allow { new_tat, .. } = b.decide(tat, now, cost) {
                     tat = new_tat;
                     admitted += cost as u128;
                 }
@@ -240,7 +244,7 @@ mod tests {
             // A random partly drained state.
             let tat = b.scaled_now(now) + rng.below(burst * 2) as u128 * period_ns as u128;
             let cost = 1 + rng.below(burst);
-            if let Outcome::Deny { wait_ns, .. } = b.decide(tat, now, cost) {
+            if let BucketAnswer::Deny { wait_ns, .. } = b.decide(tat, now, cost) {
                 assert!(wait_ns >= 1);
                 assert!(
                     b.decide(tat, now + wait_ns, cost).allowed(),

@@ -5,9 +5,11 @@
 //! write the limiter makes on the request path is here.
 
 use super::algorithm::Algorithm;
-use super::bucket::Outcome;
+use super::bucket::BucketAnswer;
 use super::codec::Slot;
-use super::{Evaluation, Limiter, Pending, Read, Reservation, RuleReport, RuleResult, Verdict};
+use super::{
+    Evaluation, LimitVerdict, Limiter, Pending, Reservation, RuleReport, RuleResult, SlotRead,
+};
 use crate::store::{Store, StoreError};
 
 enum Commit {
@@ -50,7 +52,12 @@ impl Limiter {
                 return self.refuse(store, pending, reports, deny);
             }
             if let Some(rule) = self.fail_closed(&reports) {
-                return self.refuse(store, pending, reports, Verdict::Deny { rule, wait_ns: 0 });
+                return self.refuse(
+                    store,
+                    pending,
+                    reports,
+                    LimitVerdict::Deny { rule, wait_ns: 0 },
+                );
             }
             let Some(p) = pending.get_mut(i) else { break };
             if !p.outcome.allowed() {
@@ -99,7 +106,7 @@ impl Limiter {
         reports.extend(pending.iter().map(|p| p.report));
         crate::sort::small_by_key(&mut reports, |r| r.rule);
         Evaluation {
-            verdict: Verdict::Allow,
+            verdict: LimitVerdict::Allow,
             reports,
             delay_ns,
             reservations,
@@ -130,12 +137,12 @@ impl Limiter {
     }
 
     /// The refusal with the longest wait among enforcing rules, if any.
-    fn refusal(pending: &[Pending]) -> Option<Verdict> {
+    fn refusal(pending: &[Pending]) -> Option<LimitVerdict> {
         pending
             .iter()
             .filter(|p| p.report.result == RuleResult::Limited)
             .max_by_key(|p| p.report.wait_ns)
-            .map(|p| Verdict::Deny {
+            .map(|p| LimitVerdict::Deny {
                 rule: p.ask.rule,
                 wait_ns: p.report.wait_ns,
             })
@@ -146,7 +153,7 @@ impl Limiter {
         store: &dyn Store,
         pending: Vec<Pending>,
         mut reports: Vec<RuleReport>,
-        verdict: Verdict,
+        verdict: LimitVerdict,
     ) -> Evaluation {
         for p in &pending {
             if let Some((before, after)) = p.committed {
@@ -180,7 +187,7 @@ impl Limiter {
         if p.ask.placement.count != 1 && !pool {
             return;
         }
-        let Some(Read { key, .. }) = p.reads.get(p.decision) else {
+        let Some(SlotRead { key, .. }) = p.reads.get(p.decision) else {
             return;
         };
         Self::restore(store, key, before, after);
@@ -197,7 +204,7 @@ impl Limiter {
     }
 
     fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
-        let Outcome::Allow { new_tat, .. } = p.outcome else {
+        let BucketAnswer::Allow { new_tat, .. } = p.outcome else {
             return Commit::Done;
         };
         let Some(rule) = self.rules.get(p.ask.rule) else {
@@ -244,7 +251,7 @@ impl Limiter {
     fn raise(
         &self,
         store: &dyn Store,
-        read: &Read,
+        read: &SlotRead,
         new: Slot,
         algorithm: &Algorithm,
         retries: &mut u32,

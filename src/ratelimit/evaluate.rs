@@ -4,10 +4,10 @@
 //! write is in `commit.rs`.
 
 use super::algorithm::Algorithm;
-use super::bucket::Outcome;
+use super::bucket::BucketAnswer;
 use super::codec::Slot;
 use super::config::RuleSpec;
-use super::{Ask, Evaluation, Limiter, Pending, Read, RuleReport, RuleResult};
+use super::{Ask, Evaluation, Limiter, Pending, RuleReport, RuleResult, SlotRead};
 use crate::keys::{place, Placement};
 use crate::request::RequestView;
 use crate::store::Store;
@@ -174,7 +174,7 @@ impl Limiter {
         pool_tag: Option<u32>,
         now_ns: u64,
         fresh: bool,
-    ) -> Option<Vec<Read>> {
+    ) -> Option<Vec<SlotRead>> {
         let mut reads = Vec::with_capacity(placement.count);
         for &slot in placement.slots() {
             let read = self.read_slot(store, rule, slot, now_ns, fresh)?;
@@ -196,7 +196,7 @@ impl Limiter {
         slot: u32,
         now_ns: u64,
         fresh: bool,
-    ) -> Option<Read> {
+    ) -> Option<SlotRead> {
         let spec = &self.rules.get(rule)?.spec;
         let key = self.slot_key(rule, slot);
         let entry = if fresh {
@@ -224,7 +224,7 @@ impl Limiter {
                 0
             },
         });
-        Some(Read {
+        Some(SlotRead {
             key,
             cas,
             slot,
@@ -238,15 +238,15 @@ impl Limiter {
         rule: usize,
         shadow: bool,
         cost: u64,
-        outcome: &Outcome,
-        reads: &[Read],
+        outcome: &BucketAnswer,
+        reads: &[SlotRead],
         collision: bool,
     ) -> RuleReport {
         let (result, wait_ns) = match *outcome {
-            Outcome::Allow { delay_ns, .. } if delay_ns > 0 => (RuleResult::Delayed, 0),
-            Outcome::Allow { .. } => (RuleResult::Allowed, 0),
-            Outcome::Deny { wait_ns, .. } if shadow => (RuleResult::ShadowLimited, wait_ns),
-            Outcome::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
+            BucketAnswer::Allow { delay_ns, .. } if delay_ns > 0 => (RuleResult::Delayed, 0),
+            BucketAnswer::Allow { .. } => (RuleResult::Allowed, 0),
+            BucketAnswer::Deny { wait_ns, .. } if shadow => (RuleResult::ShadowLimited, wait_ns),
+            BucketAnswer::Deny { wait_ns, .. } => (RuleResult::Limited, wait_ns),
         };
         RuleReport {
             rule,
@@ -256,8 +256,8 @@ impl Limiter {
             full_in_ns: outcome.full_in_ns(),
             wait_ns,
             delay_ns: match *outcome {
-                Outcome::Allow { delay_ns, .. } => delay_ns,
-                Outcome::Deny { .. } => 0,
+                BucketAnswer::Allow { delay_ns, .. } => delay_ns,
+                BucketAnswer::Deny { .. } => 0,
             },
             cas_retries: 0,
             corrupt: reads.iter().any(|r| r.corrupt),

@@ -47,7 +47,7 @@ pub mod window;
 
 use crate::keys::Placement;
 use algorithm::Algorithm;
-use bucket::Outcome;
+use bucket::BucketAnswer;
 use codec::Slot;
 use config::RuleSpec;
 
@@ -84,7 +84,7 @@ pub struct RuleReport {
 
 /// The decision for the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum LimitVerdict {
     Allow,
     /// Refused by `rule`; the same request could pass in `wait_ns`.
     Deny {
@@ -96,7 +96,7 @@ pub enum Verdict {
 /// A verdict and the reports of every matching rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluation {
-    pub verdict: Verdict,
+    pub verdict: LimitVerdict,
     pub reports: Vec<RuleReport>,
     /// Admitted, but to be held this long first (the latest turn any
     /// shaping rule reserved); 0 for most requests.
@@ -156,7 +156,7 @@ pub struct Limiter {
 }
 
 /// One slot as read: its key, CAS token, and decoded (or recovered) state.
-struct Read {
+struct SlotRead {
     key: String,
     cas: Option<u32>,
     slot: Slot,
@@ -168,9 +168,9 @@ struct Read {
 
 struct Pending {
     ask: Ask,
-    reads: Vec<Read>,
+    reads: Vec<SlotRead>,
     decision: usize,
-    outcome: Outcome,
+    outcome: BucketAnswer,
     report: RuleReport,
     committed: Option<(Slot, Slot)>, // (before, after) of the decision slot
 }

@@ -3,7 +3,7 @@
 //! rate-limit headers (see [`crate::reply`] for `Retry-After`).
 
 use super::algorithm::Algorithm;
-use super::{Evaluation, RuleReport, RuleResult, Verdict};
+use super::{Evaluation, LimitVerdict, RuleReport, RuleResult};
 use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::reply::{
@@ -56,7 +56,7 @@ pub fn action(
     rng: &mut SplitMix,
 ) -> Action {
     match eval.verdict {
-        Verdict::Allow => {
+        LimitVerdict::Allow => {
             let response_headers = if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
                 let mut out = Vec::new();
@@ -74,7 +74,7 @@ pub fn action(
             };
             Action::Continue { response_headers }
         }
-        Verdict::Deny { rule, wait_ns } => {
+        LimitVerdict::Deny { rule, wait_ns } => {
             let retry_after = retry_after_secs(wait_ns, spec.retry_after_jitter_ns, rng);
             let name = policies
                 .get(rule)
@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn refusal_carries_status_body_and_consistent_headers() {
         let eval = Evaluation {
-            verdict: Verdict::Deny {
+            verdict: LimitVerdict::Deny {
                 rule: 0,
                 wait_ns: 2_500_000_000,
             },
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn allowed_requests_carry_headers_only_when_configured_and_in_the_chosen_style() {
         let eval = Evaluation {
-            verdict: Verdict::Allow,
+            verdict: LimitVerdict::Allow,
             reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
             delay_ns: 0,
             reservations: Vec::new(),

@@ -2,7 +2,7 @@
 //! semantics, including simulated writers on other workers.
 
 use super::codec::Slot;
-use super::{Limiter, RuleResult, Verdict};
+use super::{LimitVerdict, Limiter, RuleResult};
 use crate::request::fake::FakeRequest;
 use crate::rng::SplitMix;
 use crate::store::memory::MemoryStore;
@@ -44,16 +44,16 @@ fn admits_exactly_burst_then_refuses_with_the_exact_wait() {
     let verdicts: Vec<_> = (0..7)
         .map(|_| l.evaluate(&store, NOW, &req("a")).verdict)
         .collect();
-    assert!(verdicts[..5].iter().all(|v| *v == Verdict::Allow));
+    assert!(verdicts[..5].iter().all(|v| *v == LimitVerdict::Allow));
     assert_eq!(
         verdicts[5],
-        Verdict::Deny {
+        LimitVerdict::Deny {
             rule: 0,
             wait_ns: 3600 * S
         }
     );
     let later = l.evaluate(&store, NOW + 3600 * S, &req("a"));
-    assert_eq!(later.verdict, Verdict::Allow);
+    assert_eq!(later.verdict, LimitVerdict::Allow);
 }
 
 #[test]
@@ -73,8 +73,14 @@ fn keys_are_isolated() {
     for _ in 0..5 {
         l.evaluate(&store, NOW, &req("a"));
     }
-    assert_ne!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
-    assert_eq!(l.evaluate(&store, NOW, &req("b")).verdict, Verdict::Allow);
+    assert_ne!(
+        l.evaluate(&store, NOW, &req("a")).verdict,
+        LimitVerdict::Allow
+    );
+    assert_eq!(
+        l.evaluate(&store, NOW, &req("b")).verdict,
+        LimitVerdict::Allow
+    );
 }
 
 #[test]
@@ -119,13 +125,16 @@ const LAYERED: &str = r#"{"rate_limits":[
 fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
     let (l, store) = ready(LAYERED);
     for _ in 0..2 {
-        assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+        assert_eq!(
+            l.evaluate(&store, NOW, &req("a")).verdict,
+            LimitVerdict::Allow
+        );
     }
     for _ in 0..20 {
         let e = l.evaluate(&store, NOW, &req("a"));
         assert_eq!(
             e.verdict,
-            Verdict::Deny {
+            LimitVerdict::Deny {
                 rule: 1,
                 wait_ns: 3600 * S
             }
@@ -135,14 +144,14 @@ fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
     for i in 0..8 {
         assert_eq!(
             l.evaluate(&store, NOW, &req(&format!("other{i}"))).verdict,
-            Verdict::Allow,
+            LimitVerdict::Allow,
             "{i}"
         );
     }
     let e = l.evaluate(&store, NOW, &req("z"));
     assert_eq!(
         e.verdict,
-        Verdict::Deny {
+        LimitVerdict::Deny {
             rule: 0,
             wait_ns: 3600 * S
         }
@@ -153,7 +162,10 @@ fn a_request_refused_by_one_rule_spends_nothing_in_the_others() {
 /// the first write to a tenant slot; returns how many fresh tenants pass after.
 fn conflict_then_count(interfere: impl Fn(&MemoryStore, &Limiter) + 'static) -> usize {
     let (l, store) = ready(LAYERED);
-    assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    assert_eq!(
+        l.evaluate(&store, NOW, &req("a")).verdict,
+        LimitVerdict::Allow
+    );
     let l2 = l.clone();
     let tenant_prefix = l.rules[1].prefix.clone();
     let armed = Cell::new(true);
@@ -165,14 +177,14 @@ fn conflict_then_count(interfere: impl Fn(&MemoryStore, &Limiter) + 'static) -> 
     let e = l.evaluate(&store, NOW, &req("a"));
     assert_eq!(
         e.verdict,
-        Verdict::Deny {
+        LimitVerdict::Deny {
             rule: 1,
             wait_ns: 3600 * S
         }
     );
     *store.before_set.borrow_mut() = None;
     (0..20)
-        .filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == Verdict::Allow)
+        .filter(|i| l.evaluate(&store, NOW, &req(&format!("n{i}"))).verdict == LimitVerdict::Allow)
         .count()
 }
 
@@ -210,7 +222,7 @@ fn a_refund_is_skipped_when_the_slot_moved_so_it_never_over_admits() {
     // between: global's slot moved, so our charge stays (one token lost,
     // never one too many).
     let passed = conflict_then_count(|s, l| {
-        assert_eq!(l.evaluate(s, NOW, &req("a")).verdict, Verdict::Allow);
+        assert_eq!(l.evaluate(s, NOW, &req("a")).verdict, LimitVerdict::Allow);
     });
     assert_eq!(passed, 7);
 }
@@ -224,7 +236,7 @@ fn shadow_rules_report_but_never_refuse_and_are_not_charged_when_over() {
     assert_eq!(first.reports[0].result, RuleResult::Allowed);
     for _ in 0..3 {
         let e = l.evaluate(&store, NOW, &req("a"));
-        assert_eq!(e.verdict, Verdict::Allow);
+        assert_eq!(e.verdict, LimitVerdict::Allow);
         assert_eq!(e.reports[0].result, RuleResult::ShadowLimited);
         assert_eq!(e.reports[0].wait_ns, 3600 * S);
     }
@@ -283,7 +295,7 @@ fn exact_under_interleaving(remembering: bool, window: bool) -> u64 {
                 if l2
                     .evaluate(&*theirs, NOW, &FakeRequest::new("GET", "/"))
                     .verdict
-                    == Verdict::Allow
+                    == LimitVerdict::Allow
                 {
                     a2.set(a2.get() + 1);
                 }
@@ -293,7 +305,7 @@ fn exact_under_interleaving(remembering: bool, window: bool) -> u64 {
         for _ in 0..burst * 3 {
             if l.evaluate(&*ours, NOW, &FakeRequest::new("GET", "/"))
                 .verdict
-                == Verdict::Allow
+                == LimitVerdict::Allow
             {
                 admitted.set(admitted.get() + 1);
             }
@@ -321,7 +333,7 @@ fn property_a_hot_key_never_exceeds_its_limit_among_many_cold_keys() {
         } else {
             format!("cold{i}")
         };
-        let allowed = l.evaluate(&store, now, &req(&key)).verdict == Verdict::Allow;
+        let allowed = l.evaluate(&store, now, &req(&key)).verdict == LimitVerdict::Allow;
         if key == "hot" {
             if allowed {
                 hot_admitted += 1
@@ -343,10 +355,10 @@ fn property_a_hot_key_never_exceeds_its_limit_among_many_cold_keys() {
 #[test]
 fn corrupt_slots_are_rebuilt_by_the_failure_policy() {
     for (deny, expect) in [
-        (false, Verdict::Allow),
+        (false, LimitVerdict::Allow),
         (
             true,
-            Verdict::Deny {
+            LimitVerdict::Deny {
                 rule: 0,
                 wait_ns: 3600 * S,
             },
@@ -377,7 +389,7 @@ fn an_unavailable_store_follows_the_failure_policy() {
         store.fail_all.set(true);
         let e = l.evaluate(&store, NOW, &req("a"));
         assert_eq!(e.reports[0].result, RuleResult::StoreFailure);
-        assert_eq!(e.verdict == Verdict::Allow, !deny);
+        assert_eq!(e.verdict == LimitVerdict::Allow, !deny);
     }
 }
 
@@ -396,7 +408,7 @@ fn endless_conflicts_stop_after_the_retry_bound() {
         s.raw_set(key, &v); // same bytes, new CAS token: a conflict every time
     }));
     let e = l.evaluate(&store, NOW, &req("a"));
-    assert_eq!(e.verdict, Verdict::Allow);
+    assert_eq!(e.verdict, LimitVerdict::Allow);
     assert_eq!(e.reports[0].result, RuleResult::StoreFailure);
     assert_eq!(e.reports[0].cas_retries, 3);
     // (The table's one slot was created before: `ready` resets the count.)
@@ -435,7 +447,10 @@ fn cost_comes_from_the_header_clamped_and_defaults_on_bad_values() {
 fn missing_slots_are_created_on_use_when_tables_were_not() {
     let l = limiter(ONE_RULE);
     let store = MemoryStore::default();
-    assert_eq!(l.evaluate(&store, NOW, &req("a")).verdict, Verdict::Allow);
+    assert_eq!(
+        l.evaluate(&store, NOW, &req("a")).verdict,
+        LimitVerdict::Allow
+    );
     assert!(!store.map.borrow().is_empty());
 }
 
@@ -448,7 +463,7 @@ fn unmatched_rules_and_skipped_keys_do_not_apply() {
     );
     for _ in 0..3 {
         let e = l.evaluate(&store, NOW, &req("a"));
-        assert_eq!(e.verdict, Verdict::Allow);
+        assert_eq!(e.verdict, LimitVerdict::Allow);
         assert!(e.reports.is_empty());
     }
     let _ = store.get("x");
@@ -464,9 +479,9 @@ fn a_refusal_is_never_decided_on_a_remembered_value() {
     let host = Rc::new(store);
     let vm = Remembering::new(host.clone());
     for _ in 0..8 {
-        assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+        assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, LimitVerdict::Allow);
     }
-    assert_ne!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+    assert_ne!(l.evaluate(&vm, NOW, &req("a")).verdict, LimitVerdict::Allow);
     assert!(vm.take_counts().0 > 0, "the bucket's reads were skipped");
     host.raw_set(
         &l.slot_key(0, 0),
@@ -476,7 +491,7 @@ fn a_refusal_is_never_decided_on_a_remembered_value() {
         }
         .encode(),
     );
-    assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, Verdict::Allow);
+    assert_eq!(l.evaluate(&vm, NOW, &req("a")).verdict, LimitVerdict::Allow);
 }
 
 #[test]
@@ -498,7 +513,7 @@ fn property_a_hot_key_in_a_sliding_window_stays_within_its_bound_among_cold_keys
         } else {
             format!("cold{i}")
         };
-        let allowed = l.evaluate(&store, now, &req(&key)).verdict == Verdict::Allow;
+        let allowed = l.evaluate(&store, now, &req(&key)).verdict == LimitVerdict::Allow;
         if key != "hot" {
             continue;
         }
@@ -533,7 +548,7 @@ fn shaping_reserves_distinct_turns_one_interval_apart_up_to_max_delay() {
     let delays: Vec<u64> = (0..11)
         .map(|_| {
             let e = shaped(&l, &store, NOW, u64::MAX);
-            assert_eq!(e.verdict, Verdict::Allow);
+            assert_eq!(e.verdict, LimitVerdict::Allow);
             e.delay_ns
         })
         .collect();
@@ -544,14 +559,14 @@ fn shaping_reserves_distinct_turns_one_interval_apart_up_to_max_delay() {
     let e = shaped(&l, &store, NOW, u64::MAX);
     assert_eq!(
         e.verdict,
-        Verdict::Deny {
+        LimitVerdict::Deny {
             rule: 0,
             wait_ns: 11 * S / 10
         }
     );
     // 100 ms later a turn is within reach again, 1 s away.
     let e = shaped(&l, &store, NOW + S / 10, u64::MAX);
-    assert_eq!((e.verdict, e.delay_ns), (Verdict::Allow, S));
+    assert_eq!((e.verdict, e.delay_ns), (LimitVerdict::Allow, S));
     assert_eq!(e.reports[0].result, RuleResult::Delayed);
     assert_eq!(e.reservations.len(), 1);
 }
@@ -562,17 +577,17 @@ fn shaping_within_a_cap_and_never_for_plain_evaluation() {
     assert_eq!(shaped(&l, &store, NOW, 0).delay_ns, 0);
     // No room to wait (a full worker, or no deadline left): refused.
     let e = shaped(&l, &store, NOW, 0);
-    assert!(matches!(e.verdict, Verdict::Deny { .. }));
+    assert!(matches!(e.verdict, LimitVerdict::Deny { .. }));
     // A cap of 250 ms allows two more turns (100 and 200 ms), not three.
     assert_eq!(shaped(&l, &store, NOW, S / 4).delay_ns, S / 10);
     assert_eq!(shaped(&l, &store, NOW, S / 4).delay_ns, 2 * S / 10);
     assert!(matches!(
         shaped(&l, &store, NOW, S / 4).verdict,
-        Verdict::Deny { .. }
+        LimitVerdict::Deny { .. }
     ));
     assert!(matches!(
         l.evaluate(&store, NOW, &req("a")).verdict,
-        Verdict::Deny { .. }
+        LimitVerdict::Deny { .. }
     ));
 }
 
@@ -611,7 +626,7 @@ fn property_shaped_turns_are_distinct_under_simulated_concurrent_workers() {
             if d2.get() < 3 && r2.borrow_mut().below(3) == 0 {
                 d2.set(d2.get() + 1);
                 let e = l2.evaluate_shaped(&*theirs, NOW, &req("a"), &|_| u64::MAX);
-                if e.verdict == Verdict::Allow {
+                if e.verdict == LimitVerdict::Allow {
                     t2.borrow_mut().push(e.delay_ns);
                 }
                 d2.set(d2.get() - 1);
@@ -619,7 +634,7 @@ fn property_shaped_turns_are_distinct_under_simulated_concurrent_workers() {
         }));
         for _ in 0..30 {
             let e = l.evaluate_shaped(&*host, NOW, &req("a"), &|_| u64::MAX);
-            if e.verdict == Verdict::Allow {
+            if e.verdict == LimitVerdict::Allow {
                 turns.borrow_mut().push(e.delay_ns);
             }
         }

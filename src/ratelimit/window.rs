@@ -19,7 +19,7 @@
 //! up to that much in one window length when the previous window's
 //! requests all came at its very end.
 
-use super::bucket::Outcome;
+use super::bucket::BucketAnswer;
 
 /// A validated sliding-window rule: `limit` per `window_ns`, rolling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl WindowSpec {
     }
 
     /// Decides whether a request of `cost` (at most the limit) fits.
-    pub fn decide(&self, state: u128, now_ns: u64, cost: u64) -> Outcome {
+    pub fn decide(&self, state: u128, now_ns: u64, cost: u64) -> BucketAnswer {
         let (c, at, e) = self.view(state, now_ns);
         let w = u128::from(self.window_ns);
         let limit = u128::from(self.limit) * w;
@@ -135,14 +135,14 @@ impl WindowSpec {
                 current: c.current + cost,
                 ..c
             };
-            Outcome::Allow {
+            BucketAnswer::Allow {
                 new_tat: pack(after),
                 remaining: to_u64((limit - estimate - needed) / w),
                 full_in_ns: ahead.saturating_add(self.empty_in(after, e)),
                 delay_ns: 0,
             }
         } else {
-            Outcome::Deny {
+            BucketAnswer::Deny {
                 wait_ns: ahead.saturating_add(self.wait(c, e, cost)),
                 remaining: to_u64(limit.saturating_sub(estimate) / w),
                 full_in_ns: ahead.saturating_add(self.empty_in(c, e)),
@@ -228,7 +228,7 @@ mod tests {
         let before = start + 10 * S - S / 100;
         for i in 0..10 {
             match s.decide(state, before, 1) {
-                Outcome::Allow { new_tat, .. } => state = new_tat,
+                BucketAnswer::Allow { new_tat, .. } => state = new_tat,
                 d => panic!("{i}: {d:?}"),
             }
         }
@@ -238,7 +238,7 @@ mod tests {
         assert!(!s.decide(state, after, 1).allowed());
         // At a tenth of the way in, one request's worth has slid out.
         let tenth = start + 11 * S;
-        let Outcome::Allow { new_tat, .. } = s.decide(state, tenth, 1) else {
+        let BucketAnswer::Allow { new_tat, .. } = s.decide(state, tenth, 1) else {
             panic!("a tenth in, one fits")
         };
         assert!(!s.decide(new_tat, tenth, 1).allowed());
@@ -253,7 +253,7 @@ mod tests {
             previous: 4,
             current: 0,
         });
-        let Outcome::Deny { wait_ns, .. } = s.decide(ahead, now, 1) else {
+        let BucketAnswer::Deny { wait_ns, .. } = s.decide(ahead, now, 1) else {
             panic!("the previous window is full at the next window's start")
         };
         assert!(wait_ns > S / 2);
@@ -276,7 +276,7 @@ mod tests {
                 current: rng.below(limit + 1),
             });
             let cost = 1 + rng.below(limit);
-            if let Outcome::Deny { wait_ns, .. } = s.decide(state, now, cost) {
+            if let BucketAnswer::Deny { wait_ns, .. } = s.decide(state, now, cost) {
                 assert!(wait_ns >= 1);
                 assert!(
                     s.decide(state, now + wait_ns, cost).allowed(),
@@ -313,7 +313,7 @@ mod tests {
                     _ => rng.below(w / limit + 1),
                 };
                 let cost = 1 + rng.below(limit.min(3));
-                if let Outcome::Allow { new_tat, .. } = s.decide(state, now, cost) {
+                if let BucketAnswer::Allow { new_tat, .. } = s.decide(state, now, cost) {
                     state = new_tat;
                     log.push((now, cost));
                 }

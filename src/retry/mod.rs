@@ -98,7 +98,7 @@ pub struct Budget {
 
 /// A retry's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum RetryVerdict {
     /// Within the budget (or the store failed: fail open).
     Admit,
     /// Over the budget: refuse it now.
@@ -176,22 +176,22 @@ impl Budgets {
 
     /// Decides on a retry; returns the verdict and the ratio of retries to
     /// first tries it saw, in permille.
-    pub fn retry(&mut self, store: &dyn Store, now_ms: u64, b: usize) -> (Verdict, u64) {
+    pub fn retry(&mut self, store: &dyn Store, now_ms: u64, b: usize) -> (RetryVerdict, u64) {
         let Some(spec) = self.rules.get(b).map(|r| r.spec.clone()) else {
-            return (Verdict::Admit, 0);
+            return (RetryVerdict::Admit, 0);
         };
         match self.change(store, now_ms, b, true) {
             Ok((admitted, c)) => {
                 let verdict = if admitted {
-                    Verdict::Admit
+                    RetryVerdict::Admit
                 } else {
-                    Verdict::Refuse
+                    RetryVerdict::Refuse
                 };
                 (verdict, ratio_permille(&c, now_ms, spec.window_ms))
             }
             Err(_) => {
                 self.store_failures += 1;
-                (Verdict::Admit, 0)
+                (RetryVerdict::Admit, 0)
             }
         }
     }

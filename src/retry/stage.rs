@@ -3,7 +3,7 @@
 //! tries, decides on retries, merges the counts on the tick.
 
 use super::config::BudgetSpec;
-use super::{Budgets, Verdict};
+use super::{Budgets, RetryVerdict};
 use crate::config::{Common, ConfigError};
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
@@ -108,7 +108,7 @@ impl Stage for RetryStage {
             let (verdict, ratio) = self.budgets.retry(cx.store(), now, b);
             self.count_failures(cx, before);
             cx.record(m.ratio, ratio);
-            if verdict == Verdict::Refuse {
+            if verdict == RetryVerdict::Refuse {
                 cx.add(m.refused, 1);
                 let spec = &self.budgets.rules.get(b).map(|r| r.spec.clone());
                 let Some(spec) = spec else {

@@ -76,7 +76,7 @@ fn a_storm_gets_ratio_of_first_tries_plus_the_minimum_then_the_budget_recovers()
     }
     b.flush(&store, now);
     let admitted = (0..500)
-        .filter(|_| b.retry(&store, now, 0).0 == Verdict::Admit)
+        .filter(|_| b.retry(&store, now, 0).0 == RetryVerdict::Admit)
         .count();
     // 10% of 1,000 first tries, plus 2 per second over a 1 s window.
     assert_eq!(admitted, 102);
@@ -85,7 +85,7 @@ fn a_storm_gets_ratio_of_first_tries_plus_the_minimum_then_the_budget_recovers()
     for _ in 0..100 {
         b.first_try(0);
     }
-    assert_eq!(b.retry(&store, later, 0).0, Verdict::Admit);
+    assert_eq!(b.retry(&store, later, 0).0, RetryVerdict::Admit);
 }
 
 #[test]
@@ -93,8 +93,15 @@ fn a_quiet_service_can_still_retry_at_the_minimum_rate() {
     let mut b = budgets(ONE);
     let store = MemoryStore::default();
     b.create(&store).expect("created");
-    let got: Vec<Verdict> = (0..3).map(|_| b.retry(&store, T0 * 1000, 0).0).collect();
-    assert_eq!(got, [Verdict::Admit, Verdict::Admit, Verdict::Refuse]);
+    let got: Vec<RetryVerdict> = (0..3).map(|_| b.retry(&store, T0 * 1000, 0).0).collect();
+    assert_eq!(
+        got,
+        [
+            RetryVerdict::Admit,
+            RetryVerdict::Admit,
+            RetryVerdict::Refuse
+        ]
+    );
 }
 
 #[test]
@@ -118,7 +125,7 @@ fn property_workers_never_spend_the_same_allowance() {
                     }
                     1 => vms[w].flush(&*stores[w], now),
                     _ => {
-                        if vms[w].retry(&*stores[w], now, 0).0 == Verdict::Admit {
+                        if vms[w].retry(&*stores[w], now, 0).0 == RetryVerdict::Admit {
                             admitted += 1;
                         }
                     }
@@ -154,7 +161,7 @@ fn counts_round_trip_and_corruption_is_counted_and_replaced() {
     let store = MemoryStore::default();
     b.create(&store).expect("created");
     store.raw_set(&b.rules[0].key, b"junk");
-    assert_eq!(b.retry(&store, T0 * 1000, 0).0, Verdict::Admit);
+    assert_eq!(b.retry(&store, T0 * 1000, 0).0, RetryVerdict::Admit);
     assert_eq!(b.store_failures, 1);
 }
 
@@ -223,9 +230,9 @@ fn a_retry_decided_while_another_worker_spends_the_allowance_is_refused() {
     *store.before_set.borrow_mut() = Some(Box::new(move |s: &MemoryStore, _key: &str| {
         if once.replace(false) {
             let mut b = b2.borrow_mut();
-            assert_eq!(b.retry(s, now, 0).0, Verdict::Admit);
-            assert_eq!(b.retry(s, now, 0).0, Verdict::Admit);
+            assert_eq!(b.retry(s, now, 0).0, RetryVerdict::Admit);
+            assert_eq!(b.retry(s, now, 0).0, RetryVerdict::Admit);
         }
     }));
-    assert_eq!(a.retry(&*store, now, 0).0, Verdict::Refuse);
+    assert_eq!(a.retry(&*store, now, 0).0, RetryVerdict::Refuse);
 }

@@ -4,7 +4,7 @@
 
 use super::config::{self, Class};
 use super::entry::Op;
-use super::local::{by_turn, wait_limit, Waiter};
+use super::local::{by_turn, wait_limit, Queued};
 use super::shares::SCALE;
 use super::{Arrival, Shedders};
 use crate::store::Store;
@@ -65,7 +65,7 @@ impl Shedders {
                 return early;
             }
         }
-        let waiter = Waiter {
+        let waiter = Queued {
             id,
             class,
             since_ms: now_ms,
@@ -258,7 +258,7 @@ impl Shedders {
         &mut self,
         store: &dyn Store,
         s: usize,
-        w: Waiter,
+        w: Queued,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
         let shares = self.shares(s);
@@ -311,10 +311,10 @@ impl Shedders {
 /// proportion to its share; shedding the lowest class first would keep it
 /// out of a full queue, and below its share.
 fn full_queue_victim(
-    queues: &mut [VecDeque<Waiter>; 3],
-    w: &Waiter,
+    queues: &mut [VecDeque<Queued>; 3],
+    w: &Queued,
     shares: Option<[u32; 3]>,
-) -> Option<Waiter> {
+) -> Option<Queued> {
     let victim = if shares.is_some() {
         queues
             .iter_mut()

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 /// A queued request: the host's stream id, its class, when it arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waiter {
+pub struct Queued {
     pub id: u32,
     pub class: Class,
     pub since_ms: u64,
@@ -41,10 +41,10 @@ pub(super) fn wait_limit(codel: &Codel, class: Class, by_class: bool, max_wait: 
 }
 
 /// Per-worker state of one shedder.
-pub(super) struct Local {
+pub(super) struct OnWorker {
     pub(super) codel: Codel,
     /// One FIFO per class, indexed by `Class as usize`.
-    pub(super) queues: [VecDeque<Waiter>; 3],
+    pub(super) queues: [VecDeque<Queued>; 3],
     pub(super) floor_current: Option<u64>,
     pub(super) floor_previous: Option<u64>,
     pub(super) floor_rotated_ms: u64,
@@ -74,9 +74,9 @@ pub(super) struct Local {
     pub(super) elsewhere: Elsewhere,
 }
 
-impl Local {
+impl OnWorker {
     pub(super) fn new(spec: &config::ShedderSpec, now_ms: u64) -> Self {
-        Local {
+        OnWorker {
             codel: Codel::new(
                 spec.target_ms,
                 spec.interval_ms,

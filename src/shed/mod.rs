@@ -49,8 +49,8 @@ use codec::{encode_shared, Shared};
 pub use config::{Class, ShedderSpec};
 pub use entry::lease_cap;
 use entry::Op;
-use local::Local;
-pub use local::Waiter;
+use local::OnWorker;
+pub use local::Queued;
 use std::collections::VecDeque;
 
 /// What to do with an arriving request.
@@ -59,7 +59,7 @@ pub enum Arrival {
     /// Let it through; `slot` says whether it holds a concurrency slot to release.
     Admit { slot: bool },
     /// Pause it in the queue; `evicted` (a lower-priority waiter) must be shed.
-    Queue { evicted: Option<Waiter> },
+    Queue { evicted: Option<Queued> },
     /// Shed it now.
     Shed,
     /// `shed_early`: it would wait past its deadline: answer it so now.
@@ -73,9 +73,9 @@ pub enum Wake {
     /// when the store failed and it was let through without one).
     Resume { id: u32, waited_ms: u64, slot: bool },
     /// Answer it with a shed response.
-    Shed { waiter: Waiter },
+    Shed { waiter: Queued },
     /// Its deadline passed while it waited: answer it so.
-    Expired { waiter: Waiter },
+    Expired { waiter: Queued },
 }
 
 /// A shedder and its shared in-flight counter key.
@@ -90,7 +90,7 @@ pub struct Shedder {
 /// All shedders of one configuration, in one worker.
 pub struct Shedders {
     pub rules: Vec<Shedder>,
-    local: Vec<Local>,
+    local: Vec<OnWorker>,
     max_retries: u32,
     /// Store errors and corrupt counters seen (for metrics).
     pub store_failures: u64,
@@ -174,7 +174,10 @@ impl Shedders {
                 auto_key,
             });
         }
-        let local = rules.iter().map(|r| Local::new(&r.spec, now_ms)).collect();
+        let local = rules
+            .iter()
+            .map(|r| OnWorker::new(&r.spec, now_ms))
+            .collect();
         Ok(Shedders {
             rules,
             local,

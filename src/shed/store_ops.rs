@@ -6,7 +6,7 @@
 
 use super::codec::{decode_shared, encode_shared, Claim, Shared};
 use super::entry::{self, Applied, Change, Op};
-use super::local::{by_turn, Elsewhere, Waiter};
+use super::local::{by_turn, Elsewhere, Queued};
 use super::Shedders;
 use crate::store::{update, Store, StoreError, Update};
 
@@ -24,7 +24,7 @@ fn found_entry(found: Option<&crate::store::Entry>, failures: &mut u64) -> Share
 
 /// What an op read of the shared entry (see `apply_op`).
 #[derive(Default)]
-pub(super) struct Read {
+pub(super) struct EntryRead {
     /// Whether the last decision was a refusal that only wrote claims.
     refusal: bool,
     /// When the oldest waiter another worker claims arrived.
@@ -45,8 +45,8 @@ fn apply_op(
     (key, max_retries): (&str, u32),
     failures: &mut u64,
     change: &Change,
-) -> (Result<Option<u64>, StoreError>, Read) {
-    let mut read = Read::default();
+) -> (Result<Option<u64>, StoreError>, EntryRead) {
+    let mut read = EntryRead::default();
     let granted = update(store, key, max_retries, |found| {
         let old = found_entry(found, failures);
         read.peak = read.peak.max(old.inflight);
@@ -123,7 +123,7 @@ impl Shedders {
             let waiting = l.queues.get(c).and_then(|q| q.back()).map(|w| w.turn_ms);
             waiting.max(l.clocks.admitted(c, self.now_ms)).unwrap_or(0)
         });
-        let claim = |w: &Waiter| Claim {
+        let claim = |w: &Queued| Claim {
             class: w.class,
             since_ms: w.turn_ms,
             worker: self.worker,
@@ -135,7 +135,7 @@ impl Shedders {
             let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
             return (best.next().map(claim), best.next().map(claim));
         }
-        let mut two: Vec<&Waiter> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
+        let mut two: Vec<&Queued> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
         crate::sort::small_by_key(&mut two, |w| by_turn(w.turn_ms, w.class));
         (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
     }

@@ -71,7 +71,7 @@ fn the_limit_is_global_and_waiters_resume_in_priority_order() {
     assert_eq!(
         full,
         Arrival::Queue {
-            evicted: Some(Waiter {
+            evicted: Some(Queued {
                 id: 3,
                 class: Class::Sheddable,
                 since_ms: T0,
@@ -129,7 +129,7 @@ fn nobody_waits_past_max_wait_and_cancelled_waiters_leave_the_queue() {
     assert_eq!(
         shed,
         vec![Wake::Shed {
-            waiter: Waiter {
+            waiter: Queued {
                 id: 4,
                 class: Class::Critical,
                 since_ms: T0 + 100,
@@ -175,7 +175,7 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
     assert_eq!(
         woken,
         vec![Wake::Shed {
-            waiter: Waiter {
+            waiter: Queued {
                 id: 8,
                 class: Class::Default,
                 since_ms: T0 + 202,

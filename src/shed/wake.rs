@@ -4,7 +4,7 @@
 //! slots given back (a release, leased slots on every tick).
 
 use super::entry::{lease_cap, Op};
-use super::local::{by_turn, wait_limit, Local, Waiter};
+use super::local::{by_turn, wait_limit, OnWorker, Queued};
 use super::{Shedders, Wake};
 use crate::store::Store;
 use std::collections::VecDeque;
@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 impl Shedders {
     /// The class served next here: the highest class waiting, or with
     /// shares the class whose oldest waiter has the earliest turn.
-    pub(super) fn next_class(l: &Local, shares: bool) -> Option<usize> {
+    pub(super) fn next_class(l: &OnWorker, shares: bool) -> Option<usize> {
         let fronts = (0..3)
             .rev()
             .filter_map(|c| Some((c, l.queues.get(c)?.front()?)));
@@ -28,7 +28,7 @@ impl Shedders {
     /// Takes the next waiter to admit out of this worker's queue: of the
     /// class served next, the oldest, or the newest while overloaded with
     /// `lifo` (the requests still most likely to be wanted).
-    pub(super) fn pop_next(&mut self, s: usize) -> Option<Waiter> {
+    pub(super) fn pop_next(&mut self, s: usize) -> Option<Queued> {
         let shares = self.shares(s).is_some();
         let lifo = self.rules.get(s).is_some_and(|r| r.spec.lifo);
         let l = self.local.get_mut(s)?;
@@ -158,7 +158,7 @@ impl Shedders {
     /// on another worker as its claim last said), the turn is owed to one
     /// of the class's next arrivals here (see `Clocks::left`); if it was
     /// its class's newest, the class's next turn falls back to it anyway.
-    pub(super) fn left(&mut self, s: usize, w: Waiter, now_ms: u64) {
+    pub(super) fn left(&mut self, s: usize, w: Queued, now_ms: u64) {
         let Some(l) = self.local.get_mut(s) else {
             return;
         };

@@ -3,7 +3,7 @@
 //! (open, no probe left, graded breaking, the store down) gives back what
 //! the request claimed at the other breakers.
 
-use super::{Breakers, Check, Event, Outcome, Ticket};
+use super::{Breakers, CallOutcome, Check, Event, Ticket};
 use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase};
 use crate::hash::Keyed;
 use crate::request::{Attribute, RequestView};
@@ -80,7 +80,7 @@ impl Breakers {
                             .map_or(0, |l| l.state.reject_permille(&spec, now_ms));
                         if p > 0 && rng.below(1000) < u64::from(p) {
                             for t in tickets {
-                                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+                                self.record(store, now_ms, t, CallOutcome::Ignored, rng, events);
                             }
                             return Check::Throttle {
                                 breaker: b,
@@ -99,7 +99,7 @@ impl Breakers {
                     One::StoreDown => (STORE_DOWN_RETRY_MS, false),
                 };
             for t in tickets {
-                self.record(store, now_ms, t, Outcome::Ignored, rng, events);
+                self.record(store, now_ms, t, CallOutcome::Ignored, rng, events);
             }
             return Check::FailFast {
                 breaker: b,

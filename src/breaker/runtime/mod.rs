@@ -20,7 +20,7 @@ mod outcomes;
 mod probe;
 mod shared;
 
-pub use super::config::Outcome;
+pub use super::config::CallOutcome;
 use super::{BreakerKey, BreakerSpec, State, Transition};
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Common, ConfigError};
@@ -77,7 +77,7 @@ pub struct Event {
     pub transition: Transition,
 }
 
-struct Local {
+struct Cached {
     /// The key's value (the cluster, route or header value), for logs.
     name: Box<str>,
     state: State,
@@ -92,7 +92,7 @@ pub struct Breakers {
     seed: (u64, u64),
     max_retries: u32,
     /// Keyed by breaker and key hash (a keyed SipHash: not chosen by clients).
-    local: FastMap<(usize, u64), Local>,
+    local: FastMap<(usize, u64), Cached>,
     tracked: Vec<u32>,
     /// Counts of store errors and corrupt states seen (for metrics).
     pub store_failures: u64,

@@ -3,7 +3,7 @@
 //! failure or a probe's result merged at once, and the transitions the
 //! merges cause, as events.
 
-use super::{Breakers, Event, Outcome, Ticket, SYNC_MS};
+use super::{Breakers, CallOutcome, Event, Ticket, SYNC_MS};
 use crate::breaker::{State, Transition};
 use crate::rng::SplitMix;
 use crate::store::{Store, StoreError};
@@ -15,7 +15,7 @@ impl Breakers {
         store: &dyn Store,
         now_ms: u64,
         t: Ticket,
-        outcome: Outcome,
+        outcome: CallOutcome,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
     ) {
@@ -24,9 +24,9 @@ impl Breakers {
         };
         if t.probe {
             let result = self.update(store, t.breaker, t.key, |s| match outcome {
-                Outcome::Success => s.probe_result(&spec, now_ms, (true, t.epoch), rng),
-                Outcome::Failure => s.probe_result(&spec, now_ms, (false, t.epoch), rng),
-                Outcome::Ignored => {
+                CallOutcome::Success => s.probe_result(&spec, now_ms, (true, t.epoch), rng),
+                CallOutcome::Failure => s.probe_result(&spec, now_ms, (false, t.epoch), rng),
+                CallOutcome::Ignored => {
                     s.release_probe(t.epoch);
                     None
                 }
@@ -38,14 +38,16 @@ impl Breakers {
             return;
         };
         match outcome {
-            Outcome::Ignored => {}
-            Outcome::Success => {
+            CallOutcome::Ignored => {}
+            CallOutcome::Success => {
                 local.pending = local.pending.saturating_add(1);
                 if now_ms.saturating_sub(local.flushed_ms) >= SYNC_MS {
                     self.flush_one(store, now_ms, (t.breaker, t.key), 0, rng, events);
                 }
             }
-            Outcome::Failure => self.flush_one(store, now_ms, (t.breaker, t.key), 1, rng, events),
+            CallOutcome::Failure => {
+                self.flush_one(store, now_ms, (t.breaker, t.key), 1, rng, events)
+            }
         }
     }
 

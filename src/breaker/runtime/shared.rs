@@ -2,7 +2,7 @@
 //! tracked, when each was read), its re-reads every `SYNC_MS`, and its
 //! compare-and-swap updates in the store.
 
-use super::{Breakers, Local, SYNC_MS};
+use super::{Breakers, Cached, SYNC_MS};
 use crate::breaker::codec::{decode, encode};
 use crate::breaker::{BreakerSpec, State};
 use crate::store::{update, Store, StoreError, Update};
@@ -70,7 +70,7 @@ impl Breakers {
         *n += 1;
         self.local.insert(
             (b, key),
-            Local {
+            Cached {
                 name: String::from_utf8_lossy(value.get(..128).unwrap_or(value)).into(),
                 state: State::new(),
                 fetched_ms: None,

@@ -8,7 +8,7 @@
 //! window (ms since the Unix epoch), bit 95 set when the service said the
 //! key is over its limit until that time.
 
-use crate::ratelimit::bucket::Outcome;
+use crate::ratelimit::bucket::BucketAnswer;
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -107,7 +107,7 @@ pub struct PoolSpec {
 impl PoolSpec {
     /// Spends `cost` tokens, or refuses: until the reset when the service
     /// said the key is over its limit, else for `retry_ns`.
-    pub fn decide(&self, state: u128, now_ns: u64, cost: u64) -> Outcome {
+    pub fn decide(&self, state: u128, now_ns: u64, cost: u64) -> BucketAnswer {
         let pool = Pool::decode(state);
         let now_ms = now_ns / NS_PER_MS;
         let live = u64::from(pool.live(now_ms));
@@ -126,7 +126,7 @@ impl PoolSpec {
                 tokens: left as u32,
                 ..pool
             };
-            return Outcome::Allow {
+            return BucketAnswer::Allow {
                 new_tat: new.encode(),
                 remaining: left,
                 full_in_ns,
@@ -138,7 +138,7 @@ impl PoolSpec {
         } else {
             self.retry_ns
         };
-        Outcome::Deny {
+        BucketAnswer::Deny {
             wait_ns,
             remaining: live,
             full_in_ns,

@@ -5,7 +5,7 @@ use super::codec::{self, Want};
 use super::pool::Pool;
 use super::tests::{hits_of, response_of as response, vm, Vm, T0};
 use super::{Call, Mode};
-use crate::ratelimit::Verdict;
+use crate::ratelimit::LimitVerdict;
 use crate::store::memory::MemoryStore;
 use std::collections::HashMap;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -61,7 +61,7 @@ fn run(json: &str, keys: &[(&str, u32)], secs: u64, limit: u64) -> (Vec<u64>, Se
     for _ in 0..secs * 10 {
         for (i, &(k, n)) in keys.iter().enumerate() {
             for _ in 0..n {
-                if worker.request_fp(&store, now, k).0 == Verdict::Allow {
+                if worker.request_fp(&store, now, k).0 == LimitVerdict::Allow {
                     admitted[i] += 1;
                 }
             }
@@ -113,7 +113,7 @@ fn demand_is_counted_in_tokens_not_requests() {
     for t in 0..600u64 {
         if t % 10 == 0 {
             sent += 1;
-            if leader.request_fp(&store, now, "tenant-a").0 == Verdict::Allow {
+            if leader.request_fp(&store, now, "tenant-a").0 == LimitVerdict::Allow {
                 admitted += 1;
             }
         }
@@ -272,7 +272,7 @@ fn a_full_key_table_makes_room_for_new_keys() {
     let mut legit_calls = 0;
     let mut admitted = 0;
     for t in 0..100 {
-        if worker.request_fp(&store, now, "legit").0 == Verdict::Allow {
+        if worker.request_fp(&store, now, "legit").0 == LimitVerdict::Allow {
             admitted += 1;
         }
         worker.tick(&store, now + 1);

@@ -7,7 +7,7 @@ use super::pool::{Pool, PoolSpec};
 use super::proto::{self, Code};
 use super::{Call, Coordinator, Mode, Report};
 use crate::ratelimit::stage;
-use crate::ratelimit::{Limiter, Verdict};
+use crate::ratelimit::{LimitVerdict, Limiter};
 use crate::request::fake::FakeRequest;
 use crate::rng::SplitMix;
 use crate::store::memory::MemoryStore;
@@ -50,7 +50,7 @@ fn req(key: &str) -> FakeRequest {
 
 impl Vm {
     /// A request: decided by the limiter, its demand noted.
-    pub(super) fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> Verdict {
+    pub(super) fn request(&mut self, store: &MemoryStore, now_ms: u64, key: &str) -> LimitVerdict {
         self.request_fp(store, now_ms, key).0
     }
 
@@ -61,7 +61,7 @@ impl Vm {
         store: &MemoryStore,
         now_ms: u64,
         key: &str,
-    ) -> (Verdict, u64) {
+    ) -> (LimitVerdict, u64) {
         let r = req(key);
         let eval = self.limiter.evaluate(store, now_ms * MS, &r);
         let mut fp = 0;
@@ -205,7 +205,7 @@ fn pools_round_trip_spend_expire_and_merge_grants_of_one_window() {
         ..p
     };
     match spec.decide(open.encode(), T0 * MS, 3) {
-        crate::ratelimit::bucket::Outcome::Allow {
+        crate::ratelimit::bucket::BucketAnswer::Allow {
             new_tat, remaining, ..
         } => {
             assert_eq!(remaining, 4);
@@ -219,7 +219,9 @@ fn pools_round_trip_spend_expire_and_merge_grants_of_one_window() {
     // Blocked and empty: refused until the reset.
     let empty_blocked = Pool { tokens: 0, ..p };
     match spec.decide(empty_blocked.encode(), T0 * MS, 1) {
-        crate::ratelimit::bucket::Outcome::Deny { wait_ns, .. } => assert_eq!(wait_ns, 5_000 * MS),
+        crate::ratelimit::bucket::BucketAnswer::Deny { wait_ns, .. } => {
+            assert_eq!(wait_ns, 5_000 * MS)
+        }
         o => panic!("{o:?}"),
     }
     // Grants of the same window add up; a later window's replace them.
@@ -321,7 +323,7 @@ fn a_replaced_configuration_gives_the_lease_to_the_new_one_and_leaves_it_free_fo
     // Until its next tick the old leader still thinks it leads: woken for
     // a new key's demand, it reads the lease again and leaves the demand
     // to the new leader (its calls would die with it).
-    assert_ne!(b.request(&store, T0 + 20, "new"), Verdict::Allow);
+    assert_ne!(b.request(&store, T0 + 20, "new"), LimitVerdict::Allow);
     assert!(b.tick(&store, T0 + 21).wake);
     let mut r = Report::default();
     a.coord.hurry(&store, T0 + 22, &mut r);
@@ -358,7 +360,7 @@ fn demand_becomes_a_call_and_the_grant_is_spent_exactly() {
     // No tokens yet: refused for a second (the pool is being filled).
     assert_eq!(
         worker.request(&store, T0 + 1, "k"),
-        Verdict::Deny {
+        LimitVerdict::Deny {
             rule: 0,
             wait_ns: super::STARVED_WAIT_NS
         }
@@ -385,11 +387,14 @@ fn demand_becomes_a_call_and_the_grant_is_spent_exactly() {
     let r = leader.answer(&store, T0 + 210, call, Some(response(1, 75, 3_000)));
     assert_eq!(r.granted, vec![(0, 25)]);
     let admitted = (0..40)
-        .filter(|_| worker.request(&store, T0 + 220, "k") == Verdict::Allow)
+        .filter(|_| worker.request(&store, T0 + 220, "k") == LimitVerdict::Allow)
         .count();
     assert_eq!(admitted, 25, "exactly what was granted");
     // Another key has nothing.
-    assert_ne!(worker.request(&store, T0 + 220, "other"), Verdict::Allow);
+    assert_ne!(
+        worker.request(&store, T0 + 220, "other"),
+        LimitVerdict::Allow
+    );
 }
 
 /// `response_of` as proto3 writes it when nothing is left: no
@@ -456,7 +461,9 @@ fn over_limit_blocks_the_key_until_the_reset_after_a_single_hit_refusal() {
     assert_eq!(hits_of(&call), 1, "a refused batch is followed by one hit");
     l.answer(&store, T0 + 210, &call, Some(response(2, 0, 20)));
     match l.request(&store, T0 + 220, "k") {
-        Verdict::Deny { wait_ns, .. } => assert!(wait_ns > 19_000 * MS && wait_ns <= 20_000 * MS),
+        LimitVerdict::Deny { wait_ns, .. } => {
+            assert!(wait_ns > 19_000 * MS && wait_ns <= 20_000 * MS)
+        }
         v => panic!("{v:?}"),
     }
     // No call for it until the reset.
@@ -485,7 +492,7 @@ fn failures_open_the_breaker_every_vm_uses_the_backstop_and_a_probe_closes_it() 
     assert_eq!(r.modes, vec![(0, Mode::Backstop)]);
     // The backstop: 100 per hour x 1/2 = 50 for this Envoy.
     let admitted = (0..80)
-        .filter(|_| worker.request(&store, now + 20, "k") == Verdict::Allow)
+        .filter(|_| worker.request(&store, now + 20, "k") == LimitVerdict::Allow)
         .count();
     assert_eq!(admitted, 50);
     // No calls while open; after the cool-down (+ up to 20%), one probe.
@@ -515,14 +522,14 @@ fn failure_mode_deny_spends_what_is_held_then_refuses() {
     l.answer(&store, T0 + 110, &call, Some(response(1, 50, 100)));
     // Spend down to the refill mark, so that the next tick calls again.
     for _ in 0..5 {
-        assert_eq!(l.request(&store, T0 + 150, "k"), Verdict::Allow);
+        assert_eq!(l.request(&store, T0 + 150, "k"), LimitVerdict::Allow);
     }
     let call = l.tick(&store, T0 + 200).calls.remove(0);
     l.answer(&store, T0 + 210, &call, None);
     assert_eq!(l.tick(&store, T0 + 300).modes, vec![(0, Mode::Deny)]);
     // The five tokens still held are spent; then nothing more.
     let admitted = (0..10)
-        .filter(|_| l.request(&store, T0 + 310, "k") == Verdict::Allow)
+        .filter(|_| l.request(&store, T0 + 310, "k") == LimitVerdict::Allow)
         .count();
     assert_eq!(admitted, 5);
 }
@@ -547,7 +554,7 @@ fn property_two_workers_never_admit_more_than_was_granted() {
                     let key = ["a", "b"][rng.below(2) as usize];
                     // Admissions from a pool (a backstop's are not paid).
                     let pool = vms[i].coord.mode(0) != Mode::Backstop;
-                    if vms[i].request(&store, now, key) == Verdict::Allow && pool {
+                    if vms[i].request(&store, now, key) == LimitVerdict::Allow && pool {
                         admitted += 1;
                     }
                 }
@@ -686,7 +693,7 @@ fn a_woken_leader_calls_at_once_for_new_keys_only() {
     worker.tick(&store, T0 + 1);
     // Three requests of a new key, refused for want of tokens.
     for _ in 0..3 {
-        assert_ne!(worker.request(&store, T0 + 20, "new"), Verdict::Allow);
+        assert_ne!(worker.request(&store, T0 + 20, "new"), LimitVerdict::Allow);
     }
     assert!(worker.tick(&store, T0 + 21).wake);
     // Woken (on its own thread, between its ticks): the call goes now,
@@ -703,21 +710,24 @@ fn a_woken_leader_calls_at_once_for_new_keys_only() {
     // The answer fills the pool: the key's requests pass.
     let call = r.calls.remove(0);
     leader.answer(&store, T0 + 25, &call, Some(response(1, 75, 3_000)));
-    assert_eq!(worker.request(&store, T0 + 26, "new"), Verdict::Allow);
+    assert_eq!(worker.request(&store, T0 + 26, "new"), LimitVerdict::Allow);
     // A second wake-up calls for nothing: the key was called for (its
     // refills are the tick's), and so was every other.
     let mut again = Report::default();
     leader.coord.hurry(&store, T0 + 30, &mut again);
     assert!(again.calls.is_empty(), "{again:?}");
     // A VM that is not the leader calls for nothing when woken.
-    assert_ne!(worker.request(&store, T0 + 40, "other"), Verdict::Allow);
+    assert_ne!(
+        worker.request(&store, T0 + 40, "other"),
+        LimitVerdict::Allow
+    );
     worker.tick(&store, T0 + 41);
     let mut not = Report::default();
     worker.coord.hurry(&store, T0 + 42, &mut not);
     assert!(not.calls.is_empty(), "{not:?}");
     // The leader's own starved key is called for on its own fast report,
     // with no wake-up.
-    assert_ne!(leader.request(&store, T0 + 50, "mine"), Verdict::Allow);
+    assert_ne!(leader.request(&store, T0 + 50, "mine"), LimitVerdict::Allow);
     let own = leader.tick(&store, T0 + 51);
     assert!(!own.wake, "{own:?}");
     assert!(
@@ -739,11 +749,11 @@ fn tokens_left_unspent_at_the_window_end_are_counted_as_dropped() {
     // Good for 2 more seconds.
     l.answer(&store, T0 + 110, &call, Some(response(1, 90, 2)));
     for _ in 0..3 {
-        assert_eq!(l.request(&store, T0 + 120, "k"), Verdict::Allow);
+        assert_eq!(l.request(&store, T0 + 120, "k"), LimitVerdict::Allow);
     }
     // The window ends with 7 unspent: the next grant counts them dropped,
     // and they are not spendable any more.
-    assert_ne!(l.request(&store, T0 + 2_200, "k"), Verdict::Allow);
+    assert_ne!(l.request(&store, T0 + 2_200, "k"), LimitVerdict::Allow);
     let call = l.tick(&store, T0 + 2_300).calls.remove(0);
     let r = l.answer(&store, T0 + 2_310, &call, Some(response(1, 80, 60)));
     assert_eq!(r.dropped, vec![(0, 7)]);
@@ -799,11 +809,11 @@ fn two_wake_ups_in_one_millisecond_each_bring_their_keys() {
     leader.tick(&store, T0);
     one.tick(&store, T0 + 1);
     two.tick(&store, T0 + 1);
-    assert_ne!(one.request(&store, T0 + 20, "a"), Verdict::Allow);
+    assert_ne!(one.request(&store, T0 + 20, "a"), LimitVerdict::Allow);
     assert!(one.tick(&store, T0 + 21).wake);
     let mut r = Report::default();
     leader.coord.hurry(&store, T0 + 22, &mut r);
-    assert_ne!(two.request(&store, T0 + 22, "b"), Verdict::Allow);
+    assert_ne!(two.request(&store, T0 + 22, "b"), LimitVerdict::Allow);
     assert!(two.tick(&store, T0 + 22).wake);
     leader.coord.hurry(&store, T0 + 22, &mut r);
     assert_eq!(r.calls.len(), 2, "{r:?}");
@@ -823,6 +833,6 @@ fn the_leader_listens_again_on_every_slow_tick_and_only_the_leader() {
     }
     // A fast tick (a report only) does not.
     worker.request(&store, T0 + 220, "k");
-    assert_ne!(leader.request(&store, T0 + 220, "j"), Verdict::Allow);
+    assert_ne!(leader.request(&store, T0 + 220, "j"), LimitVerdict::Allow);
     assert!(!leader.tick(&store, T0 + 231).listen);
 }

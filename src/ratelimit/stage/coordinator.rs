@@ -10,7 +10,7 @@ use crate::pipeline::stage::{Cx, Signal};
 use crate::ratelimit::global::{
     CallResult, Coordinator, GlobalRule, Mode, Report, Service, STARVED_WAIT_NS,
 };
-use crate::ratelimit::{Evaluation, Limiter, RuleResult, Verdict};
+use crate::ratelimit::{Evaluation, LimitVerdict, Limiter, RuleResult};
 use crate::request::RequestView;
 use log::{info, warn};
 
@@ -96,7 +96,7 @@ impl RateLimits {
                 continue;
             };
             // A request another rule refused did not need this one's token.
-            if matches!(eval.verdict, Verdict::Deny { rule: by, .. } if by != rule) {
+            if matches!(eval.verdict, LimitVerdict::Deny { rule: by, .. } if by != rule) {
                 continue;
             }
             // Refused for want of tokens being fetched (not over the limit:

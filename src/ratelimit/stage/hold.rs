@@ -7,7 +7,7 @@
 use super::RateLimits;
 use crate::pipeline::stage::{Cx, Decision, Step, StreamId};
 use crate::ratelimit::shaping::Held;
-use crate::ratelimit::{RuleResult, Verdict};
+use crate::ratelimit::{LimitVerdict, RuleResult};
 use crate::request::RequestView;
 
 impl RateLimits {
@@ -48,7 +48,7 @@ impl RateLimits {
         self.record(cx, &eval);
         self.note_demand(cx, &eval, req, false);
         let decision = self.answer(cx, &eval);
-        if eval.delay_ns == 0 || !matches!(eval.verdict, Verdict::Allow) {
+        if eval.delay_ns == 0 || !matches!(eval.verdict, LimitVerdict::Allow) {
             return decision;
         }
         let rules = eval

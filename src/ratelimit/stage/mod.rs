@@ -24,7 +24,7 @@ use crate::duration::NS_PER_MS;
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Effect, Stage, Step, StreamId};
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
-use crate::pipeline::wait::{LineId, Waiter};
+use crate::pipeline::wait::{LineId, Wait};
 use crate::request::RequestView;
 use coordinator::coordinator;
 use log::info;
@@ -278,7 +278,7 @@ impl Stage for RateLimits {
 
     /// Still waiting for tokens a second past its time (its decisions on
     /// the ticks did not come): decided on again, it is refused.
-    fn timed_out(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, _waiter: Waiter) {
+    fn timed_out(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId, _waiter: Wait) {
         if self.waiting.contains_key(&stream) {
             cx.effects.push(Effect::Again { stream });
         }

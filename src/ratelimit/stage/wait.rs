@@ -8,7 +8,7 @@ use super::RateLimits;
 use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::pipeline::stage::{Cx, Decision, Step, StreamId};
 use crate::ratelimit::global::{Mode, STARVED_WAIT_NS};
-use crate::ratelimit::{Evaluation, RuleResult, Verdict};
+use crate::ratelimit::{Evaluation, LimitVerdict, RuleResult};
 use crate::request::RequestView;
 
 /// A request refused only for want of a global key's tokens, waiting for
@@ -88,7 +88,7 @@ impl RateLimits {
     /// them is a global rule whose key's pool is being filled (not over
     /// its limit, nor on its backstop) with `wait_for_tokens` set.
     fn tokens_wait(&self, eval: &Evaluation) -> Option<u64> {
-        if eval.verdict == Verdict::Allow {
+        if eval.verdict == LimitVerdict::Allow {
             return None;
         }
         let g = self.global.as_ref()?;
