@@ -9,11 +9,46 @@ use super::Transition;
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
+use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use crate::store::Store;
 use log::info;
+
+/// The metrics of circuit breakers.
+pub const METRICS: &[Declared] = &[
+    Declared {
+        name: "sluice_cb_transitions_total",
+        kind: Kind::Counter,
+        labels: &["domain", "breaker", "transition"],
+    },
+    Declared {
+        name: "sluice_cb_open_keys",
+        kind: Kind::Gauge,
+        labels: &["domain", "breaker"],
+    },
+    Declared {
+        name: "sluice_cb_fast_failed_total",
+        kind: Kind::Counter,
+        labels: &["domain", "breaker"],
+    },
+    Declared {
+        name: "sluice_cb_throttled_total",
+        kind: Kind::Counter,
+        labels: &["domain", "breaker"],
+    },
+    Declared {
+        name: "sluice_cb_probes_total",
+        kind: Kind::Counter,
+        labels: &["domain", "breaker"],
+    },
+    Declared {
+        name: "sluice_cb_store_failures_total",
+        kind: Kind::Counter,
+        labels: &["domain"],
+    },
+];
 
 /// Metric ids of one breaker (labels `domain`, `breaker`).
 #[derive(Default, Clone, Copy)]

@@ -11,8 +11,33 @@ use super::{Admission, Bulkheads};
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
+use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
+
+/// The metrics of concurrency limits.
+pub const METRICS: &[Declared] = &[
+    Declared {
+        name: "sluice_bulkhead_requests_total",
+        kind: Kind::Counter,
+        labels: &["domain", "limit", "result"],
+    },
+    Declared {
+        name: "sluice_bulkhead_in_flight",
+        kind: Kind::Gauge,
+        labels: &["domain", "limit"],
+    },
+    Declared {
+        name: "sluice_bulkhead_queued",
+        kind: Kind::Gauge,
+        labels: &["domain", "limit"],
+    },
+    Declared {
+        name: "sluice_bulkhead_store_failures_total",
+        kind: Kind::Counter,
+        labels: &["domain"],
+    },
+];
 
 /// Metric ids of one limit (labels `domain`, `limit`).
 #[derive(Default, Clone, Copy)]

@@ -8,9 +8,17 @@
 //! header it carries reduced by the wait (`propagate`).
 
 use super::telemetry::MetricId;
+use super::telemetry::{Declared, Kind};
 use crate::hash::FastMap;
 use crate::reply::{json_str, Detail, Rejection};
 use crate::request::RequestView;
+
+/// The metrics of deadlines.
+pub const METRICS: &[Declared] = &[Declared {
+    name: "sluice_deadline_refused_total",
+    kind: Kind::Counter,
+    labels: &["domain"],
+}];
 
 /// How a deadline header is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

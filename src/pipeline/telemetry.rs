@@ -31,10 +31,24 @@ pub struct MetricDef {
     pub name: String,
 }
 
+/// A metric a mechanism declares, in its one table of metrics: its name,
+/// kind and label names (in order, a variant's label last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub labels: &'static [&'static str],
+}
+
 /// Every metric of one configuration, in definition order.
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
     pub defs: Vec<MetricDef>,
+    /// The metrics that may be defined (`Registry::declared`): defining
+    /// another, or one with another kind or labels, is a mistake that
+    /// `check` reports (the configuration is then refused at start).
+    declared: Option<Vec<Declared>>,
+    mistakes: Vec<String>,
 }
 
 /// Every label name sluice uses, for `extraStatTags` and `stats_tags`.
@@ -51,8 +65,41 @@ pub const LABELS: [&str; 9] = [
 ];
 
 impl Registry {
+    /// A registry that accepts only the metrics of these tables.
+    pub fn declared(tables: &[&[Declared]]) -> Self {
+        Registry {
+            declared: Some(tables.iter().flat_map(|t| t.iter().copied()).collect()),
+            ..Registry::default()
+        }
+    }
+
+    /// The first metric defined that no table declares as defined, if any.
+    pub fn check(&self) -> Result<(), String> {
+        match self.mistakes.first() {
+            Some(m) => Err(m.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Notes a definition that does not match the declarations.
+    fn verify(&mut self, kind: Kind, name: &str, labels: &[(&str, &str)]) {
+        let Some(declared) = &self.declared else {
+            return;
+        };
+        let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+        let found = declared.iter().find(|d| d.name == name);
+        let problem = match found {
+            None => "is not declared",
+            Some(d) if d.kind != kind => "is declared with another kind",
+            Some(d) if d.labels != names.as_slice() => "is declared with other labels",
+            Some(_) => return,
+        };
+        self.mistakes.push(format!("metric `{name}` {problem}"));
+    }
+
     /// Defines the metric `name` with these labels (or finds it).
     pub fn labelled(&mut self, kind: Kind, name: &str, labels: &[(&str, &str)]) -> MetricId {
+        self.verify(kind, name, labels);
         let mut full = String::new();
         for (k, v) in labels {
             full.push_str(k);
@@ -143,6 +190,32 @@ mod tests {
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const TABLE: &[Declared] = &[Declared {
+        name: "sluice_x_total",
+        kind: Kind::Counter,
+        labels: &["domain", "result"],
+    }];
+
+    #[test]
+    fn a_metric_defined_otherwise_than_declared_is_a_mistake_reported() {
+        let mut r = Registry::declared(&[TABLE]);
+        r.variants("sluice_x_total", &[("domain", "d")], "result", ["a", "b"]);
+        assert_eq!(r.check(), Ok(()));
+        for (kind, name, labels) in [
+            (Kind::Counter, "sluice_y_total", &[("domain", "d")][..]),
+            (
+                Kind::Gauge,
+                "sluice_x_total",
+                &[("domain", "d"), ("result", "a")][..],
+            ),
+            (Kind::Counter, "sluice_x_total", &[("domain", "d")][..]),
+        ] {
+            let mut r = Registry::declared(&[TABLE]);
+            r.labelled(kind, name, labels);
+            assert!(r.check().is_err(), "{name} {kind:?} {labels:?}");
+        }
+    }
 
     #[test]
     fn labels_are_encoded_as_istio_extracts_them() {

@@ -6,8 +6,28 @@ use super::config::BudgetSpec;
 use super::{Budgets, RetryVerdict};
 use crate::config::{Common, ConfigError};
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
+use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
+
+/// The metrics of retry budgets.
+pub const METRICS: &[Declared] = &[
+    Declared {
+        name: "sluice_retry_requests_total",
+        kind: Kind::Counter,
+        labels: &["domain", "budget", "result"],
+    },
+    Declared {
+        name: "sluice_retry_ratio_permille",
+        kind: Kind::Gauge,
+        labels: &["domain", "budget"],
+    },
+    Declared {
+        name: "sluice_retry_store_failures_total",
+        kind: Kind::Counter,
+        labels: &["domain"],
+    },
+];
 
 /// Metric ids of one budget (labels `domain`, `budget`).
 #[derive(Default, Clone, Copy)]

@@ -37,7 +37,15 @@ pub fn pipeline(
 ) -> Result<Pipeline, ConfigError> {
     let common = &config.common;
     let deadlines = config.deadlines.as_ref();
-    let mut metrics = Registry::default();
+    // Every mechanism's table of metrics: defining another is refused.
+    let mut metrics = Registry::declared(&[
+        crate::pipeline::deadline::METRICS,
+        crate::breaker::stage::METRICS,
+        crate::retry::stage::METRICS,
+        crate::bulkhead::stage::METRICS,
+        crate::ratelimit::stage::METRICS,
+        crate::shed::stage::METRICS,
+    ]);
     let m = &mut metrics;
     // The pipeline reads every request's deadline and bounds every wait by it.
     let budgets = deadlines.map(|spec| {
@@ -57,6 +65,9 @@ pub fn pipeline(
     .into_iter()
     .flatten()
     .collect();
+    metrics
+        .check()
+        .map_err(|e| crate::config::err("", format!("{e} (a defect of sluice)")))?;
     Ok(Pipeline::new(
         stages,
         common.response.clone(),

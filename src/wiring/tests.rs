@@ -460,3 +460,49 @@ fn the_parser_is_as_strict_as_the_docs() {
     // Whitespace after the object is not data.
     assert!(parse(format!("{{\"rate_limits\":[{{\"name\":\"a\",{b}}}]}}\n \t").as_bytes()).is_ok());
 }
+
+/// A configuration with every mechanism and every option that has
+/// metrics of its own (shaping, a global rule, an adaptive limit).
+const EVERYTHING: &str = r#"{"deadlines":{},
+    "circuit_breakers":[{"name":"b"}],
+    "retry_budgets":[{"name":"r"}],
+    "concurrency_limits":[{"name":"c","key":[{"header":"x-t"}],"max":2,"max_wait":"100ms"}],
+    "rate_limits":[
+        {"name":"p","bucket":{"rate":10,"period":"1s"},"on_limit":"delay","max_delay":"1s"},
+        {"name":"g","key":[{"header":"x-key"}],"algorithm":"sliding_window",
+         "window":{"limit":100,"period":"1h"},
+         "global":{"cluster":"rls","domain":"fleet","instances":1}}],
+    "shedders":[{"name":"s","concurrency":{"max":"auto","adaptive":{}}}]}"#;
+
+#[test]
+fn every_declared_metric_is_defined_by_some_configuration_and_documented() {
+    let config = parse(EVERYTHING.as_bytes()).expect("valid");
+    let p = crate::wiring::pipeline(&config, (1, 2), 1, 0, 0).expect("builds");
+    let defined: Vec<&str> = p
+        .metrics
+        .defs
+        .iter()
+        .map(|d| d.name.rsplit(";.;").next().unwrap_or(""))
+        .collect();
+    let docs = include_str!("../../docs/operations.md");
+    let tables = [
+        crate::pipeline::deadline::METRICS,
+        crate::breaker::stage::METRICS,
+        crate::retry::stage::METRICS,
+        crate::bulkhead::stage::METRICS,
+        crate::ratelimit::stage::METRICS,
+        crate::shed::stage::METRICS,
+    ];
+    for d in tables.iter().flat_map(|t| t.iter()) {
+        assert!(
+            defined.contains(&d.name),
+            "{} is declared, never defined",
+            d.name
+        );
+        assert!(
+            docs.contains(d.name),
+            "{} is not in docs/operations.md",
+            d.name
+        );
+    }
+}

@@ -3,8 +3,73 @@
 //! stage is built; its own file so that every metric name and label of
 //! rate limiting is found in one place.
 
+use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::ratelimit::config::RuleSpec;
+
+/// The metrics of rate limits, global rules included.
+pub const METRICS: &[Declared] = &[
+    Declared {
+        name: "sluice_rl_requests_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule", "result"],
+    },
+    Declared {
+        name: "sluice_rl_table_entries",
+        kind: Kind::Gauge,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_rl_cas_retries_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_rl_corrupt_state_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_rl_collisions_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_rl_delay_ms",
+        kind: Kind::Histogram,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_rl_held",
+        kind: Kind::Gauge,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_global_leader",
+        kind: Kind::Gauge,
+        labels: &["domain"],
+    },
+    Declared {
+        name: "sluice_global_mode",
+        kind: Kind::Gauge,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_global_starved_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule"],
+    },
+    Declared {
+        name: "sluice_global_calls_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule", "result"],
+    },
+    Declared {
+        name: "sluice_global_tokens_total",
+        kind: Kind::Counter,
+        labels: &["domain", "rule", "result"],
+    },
+];
 
 /// Metric ids of one rule (labels `domain`, `rule`).
 #[derive(Default, Clone, Copy)]

@@ -28,6 +28,7 @@ use crate::pipeline::wait::{LineId, Wait};
 use crate::request::RequestView;
 use coordinator::coordinator;
 use log::info;
+pub use metrics::METRICS;
 use metrics::{global_metrics, rule_metrics, GlobalMetrics, RuleMetrics};
 use wait::Waiting;
 

@@ -1,8 +1,48 @@
 //! The metrics of each shedder (labels `domain`, `shedder`): their ids,
 //! and their declaration in the registry when the stage is built.
 
+use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::shed::{Class, ShedderSpec};
+
+/// The metrics of shedders.
+pub const METRICS: &[Declared] = &[
+    Declared {
+        name: "sluice_shed_total",
+        kind: Kind::Counter,
+        labels: &["domain", "shedder", "priority"],
+    },
+    Declared {
+        name: "sluice_shed_in_flight",
+        kind: Kind::Gauge,
+        labels: &["domain", "shedder"],
+    },
+    Declared {
+        name: "sluice_shed_queued",
+        kind: Kind::Gauge,
+        labels: &["domain", "shedder"],
+    },
+    Declared {
+        name: "sluice_shed_queue_ms",
+        kind: Kind::Histogram,
+        labels: &["domain", "shedder"],
+    },
+    Declared {
+        name: "sluice_shed_overloaded_workers",
+        kind: Kind::Gauge,
+        labels: &["domain", "shedder"],
+    },
+    Declared {
+        name: "sluice_shed_limit",
+        kind: Kind::Gauge,
+        labels: &["domain", "shedder"],
+    },
+    Declared {
+        name: "sluice_shed_latency_floor_ms",
+        kind: Kind::Gauge,
+        labels: &["domain", "shedder"],
+    },
+];
 
 /// Metric ids of one shedder (labels `domain`, `shedder`).
 #[derive(Default, Clone, Copy)]

@@ -22,6 +22,7 @@ use crate::pipeline::stage::{Cx, Decision, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::Registry;
 use crate::request::{RequestView, ResponseView};
 use log::{debug, warn};
+pub use metrics::METRICS;
 use metrics::{shedder_metrics, OneShedder};
 
 /// The shedding stage of one configuration.
