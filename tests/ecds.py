@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import http1
-from harness import WASM, Envoy, Pair, free_port, front_bootstrap, upstream_bootstrap
+from harness import (CONFIG_APPLIED_S, TRAFFIC_SEEN_S, WASM, Envoy, Pair, free_port, front_bootstrap, time_passes,
+                     upstream_bootstrap, wait_until)
 
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 TEC_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
@@ -130,13 +131,19 @@ class EcdsStack(Pair):
         name = name or self.resource_name
         return self.front.stat(f"extension_config_discovery.http_filter.{name}.{what}")
 
-    def wait_stat(self, what, at_least, timeout=20, name=None):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.ecds_stat(what, name) >= at_least:
-                return True
-            time.sleep(0.05)
-        return False
+    def wait_stat(self, what, at_least, timeout=CONFIG_APPLIED_S, name=None):
+        """Waits until ecds_stat(what) is at least `at_least` (an update
+        applied, or rejected); returns it. Fails with the end of the front
+        Envoy's log."""
+        got = []
+
+        def reached():
+            got.append(self.ecds_stat(what, name))
+            return got[-1] >= at_least
+
+        wait_until(reached, timeout, lambda: f"{what} >= {at_least} (ECDS); the front Envoy's log:\n"
+                   f"{self.front.logs()[-3000:]}", interval=0.05)
+        return got[-1]
 
     def cleanup(self):
         self.dir.cleanup()
@@ -190,31 +197,27 @@ class Load:
                 if conn is not None:
                     conn.close()
                 conn = None
-                time.sleep(0.01)
+                time_passes(0.01)  # a moment before reconnecting
             if self.pause:
-                time.sleep(self.pause)
+                time_passes(self.pause)  # the load's pace
         if conn is not None:
             conn.close()
 
     def since(self, t):
         return [r for r in list(self.results) if r[0] >= t]
 
-    def wait_for(self, predicate, since, timeout):
-        """Polls until a result after `since` satisfies predicate(result);
-        returns that result or None."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for r in self.since(since):
-                if predicate(r):
-                    return r
-            time.sleep(0.02)
-        return None
+    def wait_for(self, predicate, since, timeout, what="a result as wanted"):
+        """Waits until a result after `since` satisfies predicate(result);
+        returns that result. `what`: a string, or a function returning one."""
+        return wait_until(lambda: next((r for r in self.since(since) if predicate(r)), None), timeout,
+                          lambda: f"{what() if callable(what) else what} from the load; "
+                                  f"last results: {self.results[-5:]}")
 
-    def wait_count(self, n, timeout=20):
-        deadline = time.time() + timeout
-        while time.time() < deadline and len(self.results) < n:
-            time.sleep(0.02)
-        return len(self.results) >= n
+    def wait_count(self, n, timeout=TRAFFIC_SEEN_S):
+        """Waits until the load has `n` results."""
+        wait_until(lambda: len(self.results) >= n, timeout,
+                   lambda: f"{n} results from the load; last: {self.results[-5:]}")
+        return True
 
     def unexpected(self, allowed):
         """Results whose (status, rule) is not in `allowed`, e.g.

@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -24,9 +25,31 @@ import http1
 ROOT = Path(__file__).resolve().parent.parent
 WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
-# sluice hands its metric changes to Envoy on every worker's 100 ms tick:
-# three ticks cover a tick that runs late on a busy machine.
-METRICS_LAG_S = 0.3
+
+# How long a test waits for something that must happen (`wait_until`).
+# Generous: a wait ends as soon as its condition holds, so these cost time
+# only when a test fails (on a loaded 2-core machine things are slower).
+#
+# A sluice metric is due: sluice hands its metric changes to Envoy on every
+# worker's 100 ms tick; a late tick on a busy machine takes longer.
+METRICS_DUE_S = 10
+# An Envoy (or Prometheus, a child upstream, the rate-limit service) is up
+# and answering.
+ENVOY_READY_S = 20
+# A configuration update (ECDS) is applied on every worker.
+CONFIG_APPLIED_S = 20
+# An upstream or a client thread has seen the requests sent (or answered).
+TRAFFIC_SEEN_S = 20
+
+# The one fixed pause: to see that something does NOT happen (a counter stays
+# at 0, a gauge stays back at 0, no more requests reach the upstream) there
+# is no condition to wait for; `settle()` waits out three of sluice's 100 ms
+# ticks (a tick may run late on a busy machine), after which every worker
+# has handed Envoy whatever it had.
+SETTLE_S = 0.3
+# The same pause under the name bench/ reads it by.
+METRICS_LAG_S = SETTLE_S
+
 # sluice's labels, as Istio's extraStatTags extract them (and as
 # envoy/envoy.yaml ships them): `NAME=.=value;.;` in a stat name.
 LABELS = ["domain", "rule", "result", "breaker", "transition", "shedder", "priority", "budget", "limit"]
@@ -42,6 +65,41 @@ def metric(name, domain="default", **labels):
         raise ValueError(labels)
     return "wasmcustom." + "".join(f"{k}=.={v};.;" for k, v in tags) + name
 
+
+def wait_until(condition, timeout, what, interval=0.02):
+    """Polls `condition()` every `interval` seconds until it returns a truthy
+    value, and returns that value. After `timeout` seconds, raises
+    AssertionError naming `what` (a string, or a function returning one,
+    called only then: e.g. the end of a log) and the last value seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = condition()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            text = what() if callable(what) else what
+            raise AssertionError(f"not within {timeout} s: {text} (last seen: {last!r})")
+        time.sleep(interval)
+
+
+def settle(seconds=SETTLE_S):
+    """A fixed pause before checking that something did NOT happen (see
+    SETTLE_S): no condition can say that nothing more will come."""
+    time.sleep(seconds)
+
+
+def time_passes(seconds):
+    """A pause that is the scenario itself: a bucket refilling, a window
+    sliding, a breaker's open interval elapsing, requests held for a while.
+    Say why at the call."""
+    time.sleep(seconds)
+
+
+def matches(want):
+    """A predicate from `want`: itself if callable, else equality."""
+    return want if callable(want) else (lambda v: v == want)
+
+
 _base_ids = iter(range(1000 + os.getpid() % 1000 * 50, 10**6))
 _lock = threading.Lock()
 
@@ -49,18 +107,20 @@ _lock = threading.Lock()
 def wait_ready(proc, url, seconds, what, logs):
     """Polls `url` until it answers 200 (True), `proc` exits (raises, with
     the end of its log) or `seconds` pass (False)."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+
+    def answers():
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited {proc.returncode}:\n{logs()[-4000:]}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return True
+                return r.status == 200
         except OSError:
-            pass
-        time.sleep(0.05)
-    return False
+            return False
+
+    try:
+        return wait_until(answers, seconds, f"{what} ready at {url}", interval=0.05)
+    except AssertionError:
+        return False
 
 
 def stop_child(proc, seconds):
@@ -211,7 +271,7 @@ def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, 
 class Envoy:
     """A running Envoy; use as a context manager."""
 
-    def __init__(self, bootstrap, concurrency=2, log_level="warn", wrapper=(), ready_s=20, stop_s=10):
+    def __init__(self, bootstrap, concurrency=2, log_level="warn", wrapper=(), ready_s=ENVOY_READY_S, stop_s=10):
         """`wrapper`: a command that runs Envoy (valgrind, say), with the
         seconds it may take to become ready and to stop."""
         self.bootstrap = bootstrap
@@ -251,26 +311,53 @@ class Envoy:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
             return r.read().decode()
 
-    def stats(self):
+    def stats(self, regex=None):
+        """Envoy's stats with a number for a value (those whose name matches
+        `regex`, if given)."""
         out = {}
-        for line in self.admin("/stats").splitlines():
+        query = "?filter=" + urllib.parse.quote(regex) if regex else ""
+        for line in self.admin("/stats" + query).splitlines():
             name, _, value = line.partition(": ")
             if value.strip().lstrip("-").isdigit():
                 out[name] = int(value)
         return out
 
     def stat(self, name, default=0):
-        """One stat. sluice's own (`wasmcustom.`) metrics reach Envoy on each
-        worker's 100 ms tick, so reading one first waits out a tick. They are
+        """One stat as it is now. sluice's own (`wasmcustom.`) metrics are
         defined when the configuration loads: one missing is a wrong name,
-        an error rather than a 0 that a test could not tell apart."""
-        if name.startswith("wasmcustom."):
-            time.sleep(METRICS_LAG_S)
-            stats = self.stats()
-            if name not in stats:
-                raise KeyError(f"no stat {name}; sluice's: {sorted(k for k in stats if 'sluice' in k)[:20]}")
+        an error rather than a 0 that a test could not tell apart. They reach
+        Envoy on each worker's 100 ms tick: read one when it is due, with
+        `wait_stat` (for a value the test's traffic must bring about) or
+        `settled_stat` (for a value that must not change)."""
+        stats = self.stats(f"^{re.escape(name)}$")
+        if name in stats:
             return stats[name]
-        return self.stats().get(name, default)
+        if name.startswith("wasmcustom."):
+            stats = self.stats()
+            raise KeyError(f"no stat {name}; sluice's: {sorted(k for k in stats if 'sluice' in k)[:20]}")
+        return default
+
+    def wait_stat(self, name, want, timeout=METRICS_DUE_S):
+        """Waits until stat `name` is `want` (a value, or a predicate on the
+        value) and returns it; fails naming the stat and its last value.
+        Only for a value that differs from the one before the traffic that
+        brings it about (else a stale read would pass: use settled_stat)."""
+        ok = matches(want)
+        got = []
+
+        def due():
+            got.append(self.stat(name))
+            return ok(got[-1])
+
+        wanted = f"{name} == {want!r}" if not callable(want) else f"{name} as wanted"
+        wait_until(due, timeout, lambda: f"{wanted}; last value {got[-1]}", interval=0.05)
+        return got[-1]
+
+    def settled_stat(self, name, default=0):
+        """Stat `name` once every worker has handed its metric changes over
+        (`settle()`): for checking that a value did not change."""
+        settle()
+        return self.stat(name, default)
 
 
 class Pair:
@@ -349,15 +436,19 @@ class ChildUpstream:
     def __enter__(self):
         script = Path(__file__).with_name(self.script)
         self.proc = subprocess.Popen([sys.executable, str(script), *self.args], stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while time.time() < deadline:
+        def listening():
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
+                return True
             except OSError:
-                time.sleep(0.05)
-        self.__exit__()
-        raise RuntimeError(f"{self.script} did not start")
+                return False
+
+        try:
+            wait_until(listening, ENVOY_READY_S, f"{self.script} listening on {self.port}", interval=0.05)
+        except AssertionError:
+            self.__exit__()
+            raise RuntimeError(f"{self.script} did not start")
+        return self
 
     def __exit__(self, *exc):
         stop_child(self.proc, 5)
@@ -471,7 +562,12 @@ def assert_demo_limit(port, admin_port):
     assert codes[:10] == [200] * 10 and codes[-1] == 429 and set(codes) == {200, 429}, codes
     assert codes.count(200) <= 10 + int(elapsed) + 1, (codes, elapsed)
     assert "retry-after" in got[-1][1], got[-1][1]
-    time.sleep(METRICS_LAG_S)
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=5) as r:
-        prom = r.read().decode()
-    assert re.search(r'^sluice_rl_requests_total\{domain="default",rule="per-client",result="limited"\} [1-9]', prom, re.M), prom[-2000:]
+    limited = re.compile(r'^sluice_rl_requests_total\{domain="default",rule="per-client",result="limited"\} [1-9]', re.M)
+    prom = []
+
+    def refusals_counted():
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=5) as r:
+            prom.append(r.read().decode())
+        return limited.search(prom[-1])
+
+    wait_until(refusals_counted, METRICS_DUE_S, lambda: f"the refusals in the metrics: {prom[-1][-2000:]}")

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness import cluster, free_port, stop_child, wait_ready
+from harness import cluster, free_port, stop_child, time_passes, wait_ready, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 RLS_BIN = Path(os.environ.get("SLUICE_RLS_BIN", ROOT / "rls/target/debug/sluice-rls"))
@@ -23,16 +23,22 @@ REDIS_BIN = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redi
 
 
 def _wait_tcp(port, seconds, proc, what, logs):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+    """Whether `port` accepts a connection within `seconds`; raises if `proc`
+    exits first."""
+
+    def listening():
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited {proc.returncode}:\n{logs()[-4000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return True
         except OSError:
-            time.sleep(0.05)
-    return False
+            return False
+
+    try:
+        return wait_until(listening, seconds, f"{what} listening on {port}", interval=0.05)
+    except AssertionError:
+        return False
 
 
 class Redis:
@@ -191,4 +197,4 @@ def wait_out_window_edge(unit_s=60, margin_s=10):
     test (call it once everything has started) stay in one window."""
     left = unit_s - time.time() % unit_s
     if left < margin_s:
-        time.sleep(left + 0.05)
+        time_passes(left + 0.05)  # into the next window

@@ -48,7 +48,7 @@ class Handler(BaseHTTPRequestHandler):
         the request: a client gone): then returns True at once, so that a
         request no longer in flight is no longer counted as such."""
         if BLIND:
-            time.sleep(seconds)
+            time.sleep(seconds)  # the service time, served in full
             return False
         end = time.time() + seconds
         poll = select.poll()  # not select(): descriptors may pass 1024 here

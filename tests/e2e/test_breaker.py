@@ -6,7 +6,14 @@ import threading
 import time
 
 import http1
-from harness import Stack, free_port, metric
+from harness import Stack, free_port, metric, settle, time_passes, wait_until
+
+# Every worker re-reads the breakers' shared state within 20 ms. No condition
+# shows that it has without a request, and a request to a breaker that is not
+# yet open everywhere would change what is measured: a fixed pause.
+SHARED_STATE_S = 0.1
+# A breaker's open interval of 1 s, plus up to 20% jitter.
+OPEN_1S_S = 1.3
 
 FAIL = {"x-envoy-fault-abort-request": "503"}
 
@@ -18,20 +25,11 @@ def breaker(**extra):
     return b
 
 
-def wait_until(cond, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def trip(s, n=10, headers=FAIL, path="/"):
     c = http1.Conn(s.port)
     got = [c.request(path, headers).status for _ in range(n)]
     c.close()
-    time.sleep(0.1)  # every worker re-reads shared state within 20 ms
+    settle(SHARED_STATE_S)
     return got
 
 
@@ -41,7 +39,7 @@ def test_opens_on_error_rate_and_fails_fast_without_reaching_the_upstream():
         assert [c.request("/", FAIL).status for _ in range(9)] == [503] * 9  # below min_requests
         assert c.request("/").status == 200  # 1 success in 10: 90% errors, trips
         assert c.request("/", FAIL).status == 503  # 10 failures of 11: trips now
-        time.sleep(0.1)
+        settle(SHARED_STATE_S)
         before = s.upstream_requests()
         got = [http1.get(s.port) for _ in range(20)]  # new connections: both workers
         assert [r.status for r in got] == [503] * 20
@@ -51,16 +49,16 @@ def test_opens_on_error_rate_and_fails_fast_without_reaching_the_upstream():
         body = json.loads(r.body)
         assert body["error"] == "circuit_open" and body["breaker"] == "backend"
         assert int(r.header("retry-after")) * 1000 >= body["retry_after_ms"] > 2000
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
-        assert s.front.stat(metric("sluice_cb_fast_failed_total", breaker="backend")) >= 20
-        assert s.front.stat(metric("sluice_cb_open_keys", breaker="backend")) == 1
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
+        s.front.wait_stat(metric("sluice_cb_fast_failed_total", breaker="backend"), lambda v: v >= 20)
+        s.front.wait_stat(metric("sluice_cb_open_keys", breaker="backend"), 1)
         assert 'sluice_cb_open_keys{domain="default",breaker="backend"} 1' in s.front.admin("/stats/prometheus")
 
 
 def test_a_small_sample_never_trips():
     with Stack({"circuit_breakers": [breaker()]}) as s:
         assert trip(s, n=9) == [503] * 9  # 100% errors, but only 9 requests
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+        assert s.front.settled_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
         before = s.upstream_requests()
         assert http1.get(s.port).status == 200  # still reaches the upstream
         assert s.upstream_requests() == before + 1
@@ -70,30 +68,30 @@ def test_exactly_one_probe_reaches_the_upstream_and_success_closes():
     with Stack({"circuit_breakers": [breaker()]}) as s:
         trip(s)
         assert http1.get(s.port).status == 503
-        time.sleep(1.3)  # open 1 s plus up to 20% jitter
+        time_passes(OPEN_1S_S)
         before = s.upstream_requests()
         slow = {"x-envoy-fault-delay-request": "400"}  # the probe stays in flight
         batches = [[http1.build("/", slow)] for _ in range(30)]  # one request per connection, all at once
         got = [r.status for b in http1.burst(s.port, batches) for r in b]
         assert s.upstream_requests() - before == 1, got
         assert got.count(200) == 1 and got.count(503) == 29
-        assert s.front.stat(metric("sluice_cb_probes_total", breaker="backend")) == 1
-        assert wait_until(lambda: http1.get(s.port).status == 200, 2)
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="closed")) == 1
+        s.front.wait_stat(metric("sluice_cb_probes_total", breaker="backend"), 1)
+        wait_until(lambda: http1.get(s.port).status == 200, 2, "the breaker closed on every worker")
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="closed"), 1)
 
 
 def test_a_failed_probe_reopens_for_longer():
     with Stack({"circuit_breakers": [breaker()]}) as s:
         trip(s)
-        time.sleep(1.3)
+        time_passes(OPEN_1S_S)
         r = http1.get(s.port, "/", FAIL)  # the probe fails
         assert r.status == 503 and r.header("x-sluice-circuit") is None  # the upstream's own 503
-        time.sleep(0.1)
+        settle(SHARED_STATE_S)
         r = http1.get(s.port)
         assert r.header("x-sluice-circuit") == "open"
         wait = json.loads(r.body)["retry_after_ms"]
         assert 1800 <= wait <= 2400, wait  # 2 s (doubled) plus up to 20%
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="reopened")) == 1
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="reopened"), 1)
 
 
 def test_route_timeouts_and_refused_connections_count_as_failures():
@@ -114,7 +112,7 @@ def test_route_timeouts_and_refused_connections_count_as_failures():
         # are not failures for this breaker (only 500 and Envoy-side failures are).
         assert trip(s, n=5, path="/") == [503] * 5
         assert http1.get(s.port, "/").status == 200
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 2
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 2)
 
 
 def test_a_healthy_second_cluster_is_unaffected():
@@ -129,7 +127,7 @@ def test_a_healthy_second_cluster_is_unaffected():
         # Failures on the other cluster are counted for it alone.
         assert trip(s, n=10, path="/other") == [503] * 10
         assert http1.get(s.port, "/other").header("x-sluice-circuit") == "open"
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 2
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 2)
 
 
 def test_rate_limit_and_breaker_work_together():
@@ -139,13 +137,13 @@ def test_rate_limit_and_breaker_work_together():
         trip(s)  # 10 failures spend 10 tokens
         got = [http1.get(s.port) for _ in range(5)]
         assert all(r.header("x-sluice-circuit") == "open" for r in got)
-        time.sleep(1.3)
+        time_passes(OPEN_1S_S)
         # Fast-failed requests spent nothing: 2 tokens are left for the probe and one more.
         assert http1.get(s.port).status == 200  # the probe closes the breaker
         assert http1.get(s.port).status == 200
         r = http1.get(s.port)
         assert r.status == 429  # refused by the limiter: not an upstream failure
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
 
 
 def test_slow_calls_trip_the_breaker_before_they_are_answered():
@@ -163,14 +161,14 @@ def test_slow_calls_trip_the_breaker_before_they_are_answered():
             t.start()
         # Within a tick or two of 100 ms, every worker knows (no request in
         # between: successes would dilute the error rate).
-        time.sleep(0.6)
+        time_passes(0.6)  # the calls become slow (100 ms), counted on the next tick or two
         r = http1.get(s.port)
         assert time.time() - t0 < 1.5
         assert (r.status, r.header("x-sluice-circuit")) == (503, "open"), (r.status, r.headers)
         for t in threads:
             t.join(timeout=10)
         # An answered but slow call counts too; a fast one is a success.
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
 
 
 def test_slow_call_times_the_upstream_not_a_wait_in_a_later_shedder():
@@ -187,17 +185,16 @@ def test_slow_call_times_the_upstream_not_a_wait_in_a_later_shedder():
         t0 = time.time()
         got = [b[0].status for b in http1.burst(s.port, [[http1.build("/q", quick)] for _ in range(20)])]
         assert got == [200] * 20 and time.time() - t0 >= 0.5, got
-        time.sleep(0.25)  # past a tick: the breaker would have counted them
+        settle()  # past a tick: the breaker would have counted them
         r = http1.get(s.port)
         assert r.status == 200 and r.header("x-sluice-circuit") is None, r.headers
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+        assert s.front.settled_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
         # Calls slow at the upstream still count (30 at once, past the shedder:
         # more than half of the window's calls).
         slow = {"x-envoy-fault-delay-request": "300"}
         got = [b[0].status for b in http1.burst(s.port, [[http1.build("/", slow)] for _ in range(30)])]
         assert got == [200] * 30, got
-        assert wait_until(lambda: s.front.stat(
-            metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1)
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1, timeout=5)
 
 
 def test_a_later_filters_local_reply_counts_neither_way_whatever_its_status():
@@ -215,8 +212,7 @@ def test_a_later_filters_local_reply_counts_neither_way_whatever_its_status():
         assert s.upstream_requests() == 0
         assert [c.request("/", FAIL).status for _ in range(10)] == [503] * 10
         c.close()
-        assert wait_until(lambda: s.front.stat(
-            metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 1)
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1, timeout=5)
         r = http1.get(s.port)
         assert (r.status, r.header("x-sluice-circuit")) == (503, "open"), r.headers
 
@@ -241,13 +237,13 @@ def test_graded_breaking_refuses_in_proportion_to_the_error_rate():
         # 50% errors: 0.9 x (0.5 - 0.1) / 0.9 = 40% refused.
         half = phase(2)
         assert 0.25 <= half <= 0.55, half
-        time.sleep(2.5)  # the 2 s window forgets
+        time_passes(2.5)  # the 2 s window forgets
         # 25% errors: 0.9 x (0.25 - 0.1) / 0.9 = 15% refused.
         quarter = phase(4)
         assert 0.05 <= quarter <= 0.27, quarter
         assert quarter < half
-        assert s.front.stat(metric("sluice_cb_throttled_total", breaker="backend")) > 0
-        assert s.front.stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+        s.front.wait_stat(metric("sluice_cb_throttled_total", breaker="backend"), lambda v: v > 0)
+        assert s.front.settled_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
 
 
 def test_graded_refusals_stop_within_half_a_window_of_a_recovery():

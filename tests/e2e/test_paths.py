@@ -4,10 +4,9 @@ defaults: no normalize_path, no merge_slashes), for every mechanism that
 matches on paths, and they share one bucket when the path is a key part."""
 
 import threading
-import time
 
 import http1
-from harness import Stack
+from harness import TRAFFIC_SEEN_S, Stack, wait_until
 
 SPELLINGS = ["/%61pi/x", "/ap%69/x", "//api/x", "/./api/x", "/x/../api/x", "/api//x", "/%2e/api/x"]
 
@@ -34,10 +33,11 @@ def test_path_spellings_cannot_slip_past_rate_limits_breakers_or_shedders():
         assert c.request("/API/x", {"x-m": "case"}).status == 200
         for _ in range(3):
             c.request("/api/x", {"x-m": "cb", "x-envoy-fault-abort-request": "503"})
+        before = s.upstream_requests()
         slow = threading.Thread(target=http1.get, args=(s.port, "/api/slow"),
                                 kwargs={"headers": {"x-m": "sh", "x-envoy-fault-delay-request": "3000"}})
         slow.start()
-        time.sleep(0.3)
+        wait_until(lambda: s.upstream_requests() > before, TRAFFIC_SEEN_S, "the slow request at the upstream")
         try:
             for p in SPELLINGS + ["/api/x"]:
                 assert c.request(p, {"x-m": "rl"}).status == 429, p

@@ -13,15 +13,14 @@ failStrategy (istio/istio pilot/pkg/model/extensions.go).
 import json
 import re
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 import http1
 from ecds import WASM_TYPE, EcdsStack, several
-from harness import LABELS, METRICS_LAG_S, ROOT, WASM, metric
-from test_ecds import body_rule, wait_until
+from harness import LABELS, METRICS_DUE_S, ROOT, WASM, metric, settle, wait_until
+from test_ecds import body_rule
 
 ISTIO = ROOT / "examples/istio"
 MANIFESTS = sorted(p for p in ISTIO.glob("*.yaml") if "kind: WasmPlugin" in p.read_text())
@@ -167,7 +166,8 @@ def test_manifest_plugin_config_loads_and_limits_in_envoy(path):
                 # leave faster than the bucket (100/s here) refills.
                 rs = conn.send_all([http1.build(req_path, headers, method)] * (2 * passing))
                 assert {r.status for r in rs} == {200}
-                assert s.front.stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule, result="shadow_limited")) >= 1
+                s.front.wait_stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule,
+                                         result="shadow_limited"), lambda v: v >= 1)
                 return
             statuses = [conn.request(req_path, headers, method).status for _ in range(passing)]
             assert statuses == [200] * passing
@@ -175,7 +175,8 @@ def test_manifest_plugin_config_loads_and_limits_in_envoy(path):
         finally:
             conn.close()
         assert (last.status, body_rule(last)) == (429, rule)
-        assert s.front.stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule, result="limited")) >= 1
+        s.front.wait_stat(metric("sluice_rl_requests_total", m.plugin_config["domain"], rule=rule, result="limited"),
+                          lambda v: v >= 1)
 
 
 def test_istio_update_replaces_the_vms_but_keeps_unchanged_rules_state():
@@ -190,13 +191,15 @@ def test_istio_update_replaces_the_vms_but_keeps_unchanged_rules_state():
     t1 = {"x-tenant": "t1"}
     with m.stack(shadow) as s:
         assert [http1.get(s.port, "/", t1).status for _ in range(7)] == [200] * 7
-        assert s.front.stat(metric("sluice_rl_requests_total", m.name, rule="trial", result="shadow_limited")) == 2
+        s.front.wait_stat(metric("sluice_rl_requests_total", m.name, rule="trial", result="shadow_limited"), 2)
         created = s.front.stat("wasm.envoy.wasm.runtime.v8.created")
         s.push(enforce)
-        assert s.wait_stat("update_success", 2)
+        s.wait_stat("update_success", 2)
         # New VMs (a new vm_config hash), main thread and both workers.
-        assert wait_until(lambda: s.front.stat("wasm.envoy.wasm.runtime.v8.created") >= created + 3)
-        assert wait_until(lambda: http1.get(s.port, "/", {"x-tenant": "t2"}).status == 200)
+        wait_until(lambda: s.front.stat("wasm.envoy.wasm.runtime.v8.created") >= created + 3, 15,
+                   "new VMs on the main thread and both workers", interval=0.05)
+        wait_until(lambda: http1.get(s.port, "/", {"x-tenant": "t2"}).status == 200, 15,
+                   "the enforced rule admitting a new tenant", interval=0.05)
         r = http1.get(s.port, "/", t1)
         assert (r.status, body_rule(r)) == (429, "trial"), "the enforced rule started with fresh buckets"
 
@@ -252,10 +255,18 @@ def test_metrics_reach_prometheus_with_istio_stats_config():
         with m.stack(stats_config=istio_stats(with_matcher)) as s:
             for _ in range(11):
                 http1.get(s.port)
-            time.sleep(METRICS_LAG_S)  # sluice's counters reach Envoy on a tick
+            series = f'sluice_rl_requests_total{{domain="{domain}",rule="per-client",result='
+            if with_matcher:  # sluice's counters reach Envoy on a tick
+                def counted():
+                    prom = s.front.admin("/stats/prometheus")
+                    return all(re.search("^" + re.escape(series + f'"{result}"}}') + f" {n}$", prom, re.M)
+                               for result, n in (("allowed", 10), ("limited", 1)))
+
+                wait_until(counted, METRICS_DUE_S, "10 allowed and 1 limited in /stats/prometheus", interval=0.05)
+            else:
+                settle()  # a tick's worth: still nothing
             prom = s.front.admin("/stats/prometheus")
         if with_matcher:
-            series = f'sluice_rl_requests_total{{domain="{domain}",rule="per-client",result='
             assert re.search("^" + re.escape(series + '"allowed"}') + " 10$", prom, re.M), prom[-3000:]
             assert re.search("^" + re.escape(series + '"limited"}') + " 1$", prom, re.M)
             assert "=.=" not in prom, "a label left in a metric name"

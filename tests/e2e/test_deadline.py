@@ -9,18 +9,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import http1
-from harness import Stack, free_port, metric
+from harness import TRAFFIC_SEEN_S, Stack, free_port, metric, time_passes, wait_until
 
 ROUTES = [{"name": "echo", "match": {"prefix": "/"}, "route": {"cluster": "echo", "timeout": "10s"}}]
 
 
 class Echo:
     """An upstream that sleeps `x-sleep-ms` and records the deadline header
-    it received."""
+    it received; `arrived` counts the requests it has begun to serve."""
 
     def __init__(self):
         seen = self.seen = []
         grpc = self.grpc = []
+        arrived = self.arrived = []
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -29,7 +30,8 @@ class Echo:
                 pass
 
             def do_GET(self):
-                time.sleep(int(self.headers.get("x-sleep-ms", "0")) / 1000)
+                arrived.append(time.monotonic())
+                time_passes(int(self.headers.get("x-sleep-ms", "0")) / 1000)  # the service time asked for
                 seen.append(self.headers.get("x-deadline-ms"))
                 grpc.append(self.headers.get("grpc-timeout"))
                 self.send_response(200)
@@ -49,10 +51,14 @@ class Echo:
         self.server.server_close()
 
 
-def hold_the_slot(port, ms):
-    t = threading.Thread(target=http1.get, args=(port, "/slow"), kwargs={"headers": {"x-sleep-ms": str(ms)}})
+def hold(echo, port, ms, headers=None):
+    """A request that the upstream serves for `ms`, holding its place in
+    sluice meanwhile: returns its thread once the upstream has it."""
+    n = len(echo.arrived)
+    t = threading.Thread(target=http1.get, args=(port, "/slow"),
+                         kwargs={"headers": dict(headers or {}, **{"x-sleep-ms": str(ms)})})
     t.start()
-    time.sleep(0.3)
+    wait_until(lambda: len(echo.arrived) > n, TRAFFIC_SEEN_S, "the slow request at the upstream")
     return t
 
 
@@ -68,11 +74,11 @@ def test_deadlines_refuse_cap_the_queue_and_reach_the_upstream_reduced():
         g = c.request("/pkg.S/M", {"content-type": "application/grpc", "grpc-timeout": "3m", "te": "trailers"},
                       method="POST")
         assert (g.status, g.header("grpc-status")) == (200, "4"), g.headers
-        assert s.front.stat(metric("sluice_deadline_refused_total")) == 2
+        s.front.wait_stat(metric("sluice_deadline_refused_total"), 2)
 
         # Queued behind a slow request: answered when its deadline passes,
         # not at max_wait.
-        slow = hold_the_slot(s.port, 1500)
+        slow = hold(echo, s.port, 1500)
         t = time.time()
         r = c.request("/", {"x-deadline-ms": "300"})
         waited = time.time() - t
@@ -82,7 +88,7 @@ def test_deadlines_refuse_cap_the_queue_and_reach_the_upstream_reduced():
 
         # Queued, then let in: the upstream sees the deadline less the wait.
         echo.seen.clear()
-        slow = hold_the_slot(s.port, 700)
+        slow = hold(echo, s.port, 700)
         r = c.request("/", {"x-deadline-ms": "5000"})
         slow.join(timeout=10)
         assert r.status == 200
@@ -115,7 +121,7 @@ def test_shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline(
         for t in threads:
             t.start()
         try:
-            time.sleep(1.0)
+            time_passes(1.0)  # the shedder measures the service time; the lines stand
             took = []
             for _ in range(7):
                 c = http1.Conn(s.port)
@@ -133,7 +139,7 @@ def test_shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline(
             stop.set()
             for t in threads:
                 t.join()
-        assert s.front.stat(metric("sluice_deadline_refused_total")) >= 7
+        s.front.wait_stat(metric("sluice_deadline_refused_total"), lambda v: v >= 7)
 
 
 def test_a_repeated_deadline_or_attempt_header_counts_by_its_first_value():
@@ -175,10 +181,7 @@ def test_a_waiting_request_is_answered_once_it_has_only_min_remaining_left():
         for where, headers in (("bulkhead/l", {"x-tenant": "a"}), ("shed/q", {})):
             # Behind a request holding the place for 1.5 s: a deadline of
             # 600 ms waits 400 ms, not 600.
-            slow = threading.Thread(target=http1.get, args=(s.port, "/slow"),
-                                    kwargs={"headers": dict(headers, **{"x-sleep-ms": "1500"})})
-            slow.start()
-            time.sleep(0.3)
+            slow = hold(echo, s.port, 1500, headers)
             t = time.time()
             r = c.request("/", dict(headers, **{"x-deadline-ms": "600"}))
             waited = time.time() - t
@@ -191,10 +194,7 @@ def test_a_waiting_request_is_answered_once_it_has_only_min_remaining_left():
             slow.join(timeout=10)
             # Behind one of 300 ms: let in with about 700 of 1,000 ms left.
             echo.seen.clear()
-            slow = threading.Thread(target=http1.get, args=(s.port, "/slow"),
-                                    kwargs={"headers": dict(headers, **{"x-sleep-ms": "300"})})
-            slow.start()
-            time.sleep(0.1)
+            slow = hold(echo, s.port, 300, headers)
             r = c.request("/", dict(headers, **{"x-deadline-ms": "1000"}))
             slow.join(timeout=10)
             assert r.status == 200, (where, r.status)
@@ -213,7 +213,7 @@ def test_every_deadline_header_a_request_carries_is_reduced_by_its_wait():
                          "priority": {"default": "critical"}}]}
     with Echo() as echo, Stack(cfg, routes=ROUTES, extra_clusters=[("echo", echo.port)]) as s:
         c = http1.Conn(s.port)
-        slow = hold_the_slot(s.port, 600)
+        slow = hold(echo, s.port, 600)
         echo.seen.clear()
         echo.grpc.clear()
         r = c.request("/", {"grpc-timeout": "3000m", "x-deadline-ms": "3000"})

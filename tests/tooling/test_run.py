@@ -12,13 +12,12 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from harness import ENVOY, ROOT, assert_demo_limit, free_port, port_free, upstream_bootstrap
+from harness import (ENVOY, ENVOY_READY_S, ROOT, assert_demo_limit, free_port, port_free, upstream_bootstrap, wait_ready,
+                     wait_until)
 
 RUN = ROOT / "scripts/run.sh"
 
@@ -152,10 +151,7 @@ def test_run_serves_limits_and_stops_on_ctrl_c(tmp_path):
         run.proc.send_signal(signal.SIGINT)
         assert run.finish(timeout=20) == 0, run.output()[-3000:]
         assert run.output().rstrip().endswith("stopped")
-        deadline = time.time() + 5
-        while group_members(run.pgid) and time.time() < deadline:
-            time.sleep(0.05)
-        assert group_members(run.pgid) == [], "processes left behind"
+        wait_until(lambda: group_members(run.pgid) == [], 5, "no processes left behind", interval=0.05)
         for var, port in chosen.items():
             assert port_free(port), f"{var} {port} still bound"
         assert run.left_behind() == [], "the rendered configuration was not removed"
@@ -193,15 +189,8 @@ def test_run_reports_an_envoy_that_exits(tmp_path):
         other = subprocess.Popen([ENVOY, "-c", str(cfg), "--base-id", str(chosen["PORT"]), "--concurrency", "1",
                                   "-l", "warn"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 20
-        while True:
-            assert other.poll() is None, (tmp_path / "other.log").read_text()
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1).close()
-                break
-            except OSError:
-                assert time.time() < deadline, "the other Envoy did not become ready"
-                time.sleep(0.05)
+        assert wait_ready(other, f"http://127.0.0.1:{admin}/ready", ENVOY_READY_S, "the other Envoy",
+                          lambda: (tmp_path / "other.log").read_text()), "the other Envoy did not become ready"
         start = time.time()
         with RunSh(chosen, tmp_path / "tmp") as run:
             rc = run.finish(timeout=40)

@@ -5,8 +5,13 @@ while closed-loop clients keep it overloaded."""
 import threading
 import time
 
+import pytest
+
 import http1
-from harness import CapacityUpstream, FrontOf, metric
+from harness import CapacityUpstream, FrontOf, metric, time_passes
+
+# The limit is sampled every half second (the bounds below were measured so).
+SAMPLE_EVERY_S = 0.5
 
 SERVICE_MS = 20
 
@@ -46,7 +51,7 @@ class Load:
                 c.close()
                 c = http1.Conn(self.port)
             if self.pause and r.status != 200:
-                time.sleep(self.pause)
+                time_passes(self.pause)  # a refused client backs off
         c.close()
 
     def __enter__(self):
@@ -74,18 +79,19 @@ def floor_of(s):
     return s.front.stat(metric("sluice_shed_latency_floor_ms", shedder="up"))
 
 
+@pytest.mark.slow
 def test_the_limit_converges_up_and_down_as_the_upstream_capacity_changes():
     with AdaptiveStack(adaptive_config(), capacity=4) as s, Load(s.port, 32):
         seen = {}
         for capacity, settle_s in ((4, 4), (12, 5), (2, 4)):
             s.up.set_capacity(capacity)
-            time.sleep(settle_s)
+            time_passes(settle_s)  # the limit converges on the new capacity
             s.up.stats(reset=True)
-            time.sleep(1)
+            time_passes(1)  # the upstream's peak in flight, measured from here on
             limits = []
             for _ in range(5):
                 limits.append(limit_of(s))
-                time.sleep(0.2)
+                time_passes(SAMPLE_EVERY_S)
             peak = s.up.stats()["max_in_flight"]
             # The floor in use, to tell a limit off because of it (a floor
             # measured high) from one off in spite of it; the last is checked.
@@ -105,6 +111,7 @@ def test_the_limit_converges_up_and_down_as_the_upstream_capacity_changes():
 
 
 
+@pytest.mark.slow
 def test_an_upstream_whose_service_time_varies_widely_is_kept_busy():
     """8 slots of 10 to 50 ms (30 on average, however few are in flight),
     the default tolerance: the lowest latency seen is a third of the
@@ -114,11 +121,11 @@ def test_an_upstream_whose_service_time_varies_widely_is_kept_busy():
     capacity, mean_ms = 8, 30
     with FrontOf(CapacityUpstream(capacity, mean_ms), adaptive_config(), 2) as s, Load(s.port, 32):
         s.up.control("/__jitter?ms=20")
-        time.sleep(4)
+        time_passes(4)  # the limit settles under the jittery service time
         before, t0 = s.up.stats()["served"], time.time()
         limits = []
         for _ in range(15):
-            time.sleep(0.2)
+            time_passes(SAMPLE_EVERY_S)
             limits.append(limit_of(s))
         used = (s.up.stats()["served"] - before) / (time.time() - t0) * mean_ms / 1000 / capacity
         floor = floor_of(s)
@@ -175,9 +182,9 @@ def test_shares_hold_under_overload_from_every_class_at_once():
         threads = [threading.Thread(target=client, args=(cls,)) for cls in shares for _ in range(16)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        time_passes(1.5)  # overload sets in; not measured
         measuring.set()
-        time.sleep(4)
+        time_passes(4)  # the measured stretch
         measuring.clear()
         stop.set()
         for t in threads:
@@ -222,9 +229,9 @@ def overload_by_class(cfg, seconds=4.0, per_class=16):
         threads = [threading.Thread(target=client, args=(cls,)) for cls in classes for _ in range(per_class)]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        time_passes(1.5)  # overload sets in; not measured
         measuring.set()
-        time.sleep(seconds)
+        time_passes(seconds)  # the measured stretch
         measuring.clear()
         stop.set()
         for t in threads:
@@ -232,6 +239,7 @@ def overload_by_class(cfg, seconds=4.0, per_class=16):
     return got, sorted(admitted), sorted(refused)
 
 
+@pytest.mark.slow
 def test_shed_early_refuses_at_once_and_keeps_the_shares():
     """With `shed_early`, a request that would wait past max_wait is refused
     on arrival instead of after waiting max_wait out, and the shares still

@@ -188,7 +188,7 @@ COMPOSE = ROOT / "examples/compose/docker-compose.yaml"
 
 def compose_services():
     """The compose file as scripts/container.py reads it (the same reader
-    `make run-container` and tests/test_container.py use)."""
+    `make run-container` and tests/tooling/test_container.py use)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import container
     return container.compose_services(COMPOSE), container.option
@@ -229,7 +229,7 @@ def test_compose_layout_validates_in_envoy(tmp_path):
 
 def test_every_envoy_bootstrap_under_examples_validates():
     """Any Envoy bootstrap YAML shipped under examples/ (none today: compose
-    mounts envoy/*.yaml, which tests/test_config.py also validates)."""
+    mounts envoy/*.yaml, which tests/e2e/test_config.py also validates)."""
     for path in envoy_bootstraps_under_examples():
         p = subprocess.run([ENVOY, "--mode", "validate", "-c", str(path), "--base-id", str(next_base_id())],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import http1
-from harness import Stack, free_port, metric
+from harness import TRAFFIC_SEEN_S, Stack, free_port, metric, time_passes, wait_until
 
 ROUTES = [{"name": "up", "match": {"prefix": "/"}, "route": {"cluster": "counting", "timeout": "10s"}}]
 # A large table: two of the test's tenants sharing a place (limited early,
@@ -39,7 +39,7 @@ class Counting:
                 with lock:
                     now[t] = now.get(t, 0) + 1
                     most[t] = max(most.get(t, 0), now[t])
-                time.sleep(int(self.headers.get("x-sleep-ms", "0")) / 1000)
+                time_passes(int(self.headers.get("x-sleep-ms", "0")) / 1000)  # the service time asked for
                 with lock:
                     now[t] -= 1
                 self.send_response(200)
@@ -72,7 +72,7 @@ def flood(port, tenants, per_tenant, sleep_ms, abandon_every=0):
         if abandon_every and i % abandon_every == 0:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             s.sendall(http1.build("/", h))
-            time.sleep(sleep_ms / 4000)
+            time_passes(sleep_ms / 4000)  # a quarter of the way through: the client leaves
             s.close()
             return
         r = http1.get(port, "/", h)
@@ -103,8 +103,7 @@ def test_per_key_concurrency_is_exact_released_on_every_end_and_isolated():
 
             # A third of the requests abandoned mid-flight: nothing left held.
             flood(s.port, tenants, 9, 300, abandon_every=3)
-            time.sleep(1.0)
-            assert s.front.stat(metric("sluice_bulkhead_in_flight", limit="exports")) == 0
+            s.front.wait_stat(metric("sluice_bulkhead_in_flight", limit="exports"), 0)
             up.most.clear()
             again = flood(s.port, tenants[:4], 3, 200)
             assert [r[1] for r in again] == [200] * 12, [r[1] for r in again]
@@ -113,7 +112,7 @@ def test_per_key_concurrency_is_exact_released_on_every_end_and_isolated():
             # One tenant at its limit does not slow another.
             hog = threading.Thread(target=flood, args=(s.port, ["hog"], 3, 1500))
             hog.start()
-            time.sleep(0.3)
+            wait_until(lambda: up.most.get("hog") == 3, TRAFFIC_SEEN_S, "the hog's 3 requests in flight upstream")
             t0 = time.time()
             other = http1.get(s.port, "/", {"x-tenant": "other"})
             assert other.status == 200 and time.time() - t0 < 0.5

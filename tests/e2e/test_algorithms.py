@@ -7,7 +7,7 @@ import threading
 import time
 
 import http1
-from harness import FrontOf, SlowUpstream, Stack, metric
+from harness import FrontOf, SlowUpstream, Stack, metric, time_passes, wait_until, METRICS_DUE_S
 
 WINDOW_S = 4
 LIMIT = 10
@@ -32,7 +32,7 @@ def sleep_until_offset(offset_s, period_s=WINDOW_S):
     now = time.time()
     into = now % period_s
     wait = offset_s - into if into < offset_s else period_s - into + offset_s
-    time.sleep(wait)
+    time_passes(wait)
 
 
 def test_a_boundary_burst_is_not_admitted_twice_and_retry_after_is_never_early():
@@ -62,9 +62,9 @@ def test_a_boundary_burst_is_not_admitted_twice_and_retry_after_is_never_early()
         assert int(refused.header("retry-after")) * 1000 >= wait_ms
         # At the wait it states (plus a margin for the clock between this
         # process and Envoy's), one request fits again.
-        time.sleep(wait_ms / 1000 + 0.05)
+        time_passes(wait_ms / 1000 + 0.05)
         assert http1.get(s.port).status == 200
-        assert s.front.stat(metric("sluice_rl_requests_total", rule="plan", result="allowed")) == LIMIT + admitted + 1
+        s.front.wait_stat(metric("sluice_rl_requests_total", rule="plan", result="allowed"), LIMIT + admitted + 1)
 
 
 def test_a_sliding_window_counts_per_key_and_refuses_with_the_standard_headers():
@@ -153,11 +153,17 @@ def test_shaping_spaces_a_burst_of_500_to_the_rate_at_the_upstream():
         # burst can take more than a turn to reach the filter: 2 allowed,
         # 498 delayed was seen in CI when each of 500 threads released by
         # a barrier sent its own request); every other waits.
-        delayed = s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="delayed"))
-        allowed = s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="allowed"))
-        assert allowed + delayed == n, (allowed, delayed)
+        counts = []
+
+        def all_counted():
+            counts.append([s.front.stat(metric("sluice_rl_requests_total", rule="pace", result=r))
+                           for r in ("allowed", "delayed")])
+            return sum(counts[-1]) == n
+
+        wait_until(all_counted, METRICS_DUE_S, f"allowed + delayed == {n}")
+        allowed, delayed = counts[-1]
         assert 1 <= allowed <= n // 50, (allowed, delayed)
-        assert s.front.stat(metric("sluice_rl_held", rule="pace")) == 0
+        assert s.front.settled_stat(metric("sluice_rl_held", rule="pace")) == 0
         prom = s.front.admin("/stats/prometheus")
         assert 'sluice_rl_delay_ms_bucket{domain="default",rule="pace"' in prom
 
@@ -193,7 +199,7 @@ def test_held_requests_carry_the_rate_limit_headers_of_an_admitted_one():
         assert [r.status for r in got] == [200] * 3
         # The first at once, the next two held a turn each (200 ms): all
         # three admitted, all three told the same way where they stand.
-        assert s.front.stat(metric("sluice_rl_requests_total", rule="pace", result="delayed")) == 2
+        s.front.wait_stat(metric("sluice_rl_requests_total", rule="pace", result="delayed"), 2)
         for r in got:
             assert (r.header("ratelimit-policy") or "").startswith('"pace";q=1;'), r.headers
             assert r.header("ratelimit") is not None and r.header("x-ratelimit-limit") == "1", r.headers
@@ -209,21 +215,20 @@ def test_clients_that_leave_while_held_leave_nothing_behind():
             k = socket.create_connection(("127.0.0.1", s.port))
             k.sendall(http1.build("/"))
             socks.append(k)
-        time.sleep(0.3)
+        time_passes(0.3)  # the clients give up
         for k in socks:
             k.close()
-        time.sleep(0.2)
-        assert s.front.stat(metric("sluice_rl_held", rule="pace")) == 0
+        s.front.wait_stat(metric("sluice_rl_held", rule="pace"), 0)
         # Those that left never reach the upstream: only the turns that came
         # before they left (0, 100, 200, 300 ms; one more at the edge).
         seen = len(s.up.stats()["arrivals"])
         assert 3 <= seen <= 5, seen
-        time.sleep(2.5)
+        time_passes(2.5)  # the abandoned turns (2 s in all) pass: none may reach the upstream
         assert len(s.up.stats()["arrivals"]) == seen
         # Once the abandoned turns have passed, the rate is whole again.
         got = burst_statuses(s.port, 3)
         assert [r.status for r in got] == [200] * 3
-        assert s.front.stat(metric("sluice_rl_held", rule="pace")) == 0
+        assert s.front.settled_stat(metric("sluice_rl_held", rule="pace")) == 0
 
 
 def test_held_requests_never_wait_past_their_deadline_and_carry_it_reduced():

@@ -12,7 +12,8 @@ import time
 import pytest
 
 import http1
-from harness import ROOT, WASM, Envoy, free_port, front_bootstrap, metric, upstream_bootstrap, wasm_filter
+from harness import (ROOT, WASM, Envoy, free_port, front_bootstrap, metric, time_passes, upstream_bootstrap, wait_until,
+                     wasm_filter)
 from rls import Redis, RlsServer, rls_cluster, wait_out_window_edge
 
 RLS_DOMAIN = "fleet"
@@ -55,7 +56,7 @@ def get(port, tenant, path="/"):
 def wait_out_hour_edge(margin_s=120):
     left = 3600 - time.time() % 3600
     if left < margin_s:
-        time.sleep(left + 0.5)
+        time_passes(left + 0.5)  # into the next hour's window
 
 
 def mode(envoy):
@@ -66,11 +67,9 @@ def wait_mode(envoys, want, seconds):
     """Waits until every replica's global rule is in mode `want` (0:
     service, 1: backstop); returns the seconds it took."""
     t0 = time.time()
-    while time.time() - t0 < seconds:
-        if all(mode(e) == want for e in envoys):
-            return time.time() - t0
-        time.sleep(0.1)
-    raise AssertionError(f"modes {[mode(e) for e in envoys]} after {seconds}s, wanted {want}")
+    wait_until(lambda: all(mode(e) == want for e in envoys), seconds,
+               lambda: f"every replica in mode {want}: modes {[mode(e) for e in envoys]}", interval=0.1)
+    return time.time() - t0
 
 
 class Load:
@@ -92,7 +91,7 @@ class Load:
             r = conns[i % len(conns)].request("/", {"x-tenant": f"{self.tenant}-{i // 5}"})
             self.results.append((r.status, time.perf_counter() - t))
             i += 1
-            time.sleep(0.002)
+            time_passes(0.002)  # the load's pace
         for c in conns:
             c.close()
 
@@ -152,7 +151,7 @@ def test_three_replicas_never_admit_more_than_the_global_limit():
         assert stats["calls"] < 0.2 * 2000, stats
         # One VM per Envoy speaks to the service.
         for e in (a, b, c):
-            assert e.stat(metric("sluice_global_leader", domain="global-test")) == 1
+            e.wait_stat(metric("sluice_global_leader", domain="global-test"), 1)
         print("rls:", stats)
 
 
@@ -169,7 +168,7 @@ def test_an_outage_switches_every_replica_to_its_backstop_and_back(outage):
                 ports = [a.port, b.port]
                 spread(ports, "warm", 20, workers=2)
                 with Load(ports, "steady") as load:
-                    time.sleep(0.5)
+                    time_passes(0.5)  # the load runs before the outage
                     # The outage: the service, or the Redis under it.
                     (rls.__exit__() if outage == "service" else redis.stop())
                     took = wait_mode([a, b], 1, 10)
@@ -183,7 +182,7 @@ def test_an_outage_switches_every_replica_to_its_backstop_and_back(outage):
                     else:
                         redis.start()
                     back = wait_mode([a, b], 0, 10)
-                    time.sleep(0.5)
+                    time_passes(0.5)  # the load runs on after the recovery
                 lat = load.latencies_ms()
                 statuses = {s for s, _ in load.results}
                 print(f"{outage}: backstop after {took:.1f}s, service again after {back:.1f}s; "
@@ -197,13 +196,14 @@ def test_an_outage_switches_every_replica_to_its_backstop_and_back(outage):
                 statuses = []
                 for i in range(150):  # 1.5 s: the new key's first tokens come within a few ticks
                     statuses.append(get(ports[i % 2], "after").status)
-                    time.sleep(0.01)
+                    time_passes(0.01)  # 150 requests over 1.5 s
                 assert 0 < statuses.count(200) <= limit, statuses
                 assert rls.stats()["calls"] > calls
         finally:
             rls.__exit__()
 
 
+@pytest.mark.slow
 def test_a_slow_service_does_not_slow_the_request_path():
     """The service answers in 50 ms: requests never wait for it. About a
     thousand requests a second, in batches of at most 300: calls are in
@@ -216,14 +216,14 @@ def test_a_slow_service_does_not_slow_the_request_path():
             t_end = time.time() + 1.0
             while time.time() < t_end:  # warm, at the same pace: the key's first tokens, its rate
                 conn.request("/", {"x-tenant": "hot"})
-                time.sleep(0.001)
+                time_passes(0.001)  # the pace: about a thousand a second
             calls0 = rls.stats()["calls"]
             lat, statuses = [], []
             for _ in range(1500):
                 t = time.perf_counter()
                 statuses.append(conn.request("/", {"x-tenant": "hot"}).status)
                 lat.append((time.perf_counter() - t) * 1000)
-                time.sleep(0.001)
+                time_passes(0.001)  # the same pace
             conn.close()
             calls = rls.stats()["calls"] - calls0
             lat.sort()
@@ -255,7 +255,7 @@ def first_admission_ms(port, tenant, budget_s=2.0):
             assert status in (200, 429), status
             if status == 200:
                 return (time.perf_counter() - t0) * 1000
-            time.sleep(0.001)
+            time_passes(0.001)  # 1 ms apart
         return budget_s * 1000
     finally:
         conn.close()
@@ -270,10 +270,7 @@ def test_a_new_keys_first_tokens_come_without_waiting_for_the_leaders_tick():
     worker, the leader's or the other's."""
     with RlsServer(limits(100_000)) as rls, Upstream() as up, \
             replica(up, rls.port, plugin(100_000, instances=1)) as e:
-        deadline = time.time() + 10
-        while e.stat(metric("sluice_global_leader", domain="global-test")) != 1:
-            assert time.time() < deadline, "no leader"
-            time.sleep(0.05)
+        e.wait_stat(metric("sluice_global_leader", domain="global-test"), 1, timeout=10)
         first_admission_ms(e.port, "warm-up")  # the service's first call opens its connection
         waits = sorted(first_admission_ms(e.port, f"new-{k}") for k in range(16))
         print("ms from a new key's first request to its first admission:", [round(w) for w in waits])
@@ -291,10 +288,7 @@ def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
     connection each), well within the wait."""
     with RlsServer(limits(100_000)) as rls, Upstream() as up, \
             replica(up, rls.port, plugin(100_000, instances=1, wait_for_tokens="300ms")) as e:
-        deadline = time.time() + 10
-        while e.stat(metric("sluice_global_leader", domain="global-test")) != 1:
-            assert time.time() < deadline, "no leader"
-            time.sleep(0.05)
+        e.wait_stat(metric("sluice_global_leader", domain="global-test"), 1, timeout=10)
         get(e.port, "warm-up")  # the service's first call opens its connection
         got = []
         for k in range(20):
@@ -356,7 +350,7 @@ def test_a_key_over_its_limit_is_refused_until_the_services_reset(cost):
         got = []
         for _ in range(60):  # about 1.5 s: the pool is filled, spent, refused
             got.append((time.time(), get(fe.port, "t")))
-            time.sleep(0.02)
+            time_passes(0.02)  # 60 requests over about 1.5 s
         admitted = [r for _, r in got if r.status == 200]
         assert len(admitted) <= limit
         assert len(admitted) >= 1
@@ -369,7 +363,7 @@ def test_a_key_over_its_limit_is_refused_until_the_services_reset(cost):
         calls = rls.stats()["calls"]
         for _ in range(20):
             assert get(fe.port, "t").status == 429
-            time.sleep(0.02)
+            time_passes(0.02)  # 20 requests over about 0.5 s
         assert rls.stats()["calls"] == calls, "no call for a key blocked until the reset"
 
 
@@ -383,9 +377,12 @@ def test_requests_waiting_for_tokens_across_a_live_update_are_admitted():
     with RlsServer(limits(1_000_000), delay_ms=300) as rls, \
             EcdsStack(config, clusters=[rls_cluster("rls", rls.port)]) as s:
         leader = metric("sluice_global_leader", domain="global-test")
-        deadline = time.time() + 5
-        while s.front.stat(leader) != 1 and time.time() < deadline:
-            time.sleep(0.05)
+        # As before: the test goes on after 5 s without a leader (the first
+        # keys' requests then wait for one).
+        try:
+            s.front.wait_stat(leader, 1, timeout=5)
+        except AssertionError:
+            pass
         assert http1.get(s.port, "/", {"x-tenant": "warm"}).status in (200, 429)
         got, lock = [], threading.Lock()
 
@@ -398,7 +395,9 @@ def test_requests_waiting_for_tokens_across_a_live_update_are_admitted():
         threads = [threading.Thread(target=one, args=(k,)) for k in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.15)
+        # The update lands while the calls for the new keys are in flight
+        # (the service answers in 300 ms): a time, not a condition.
+        time_passes(0.15)
         s.push(dict(config, rate_limits=config["rate_limits"] + [
             {"name": "other", "match": {"path_prefix": "/other"}, "bucket": {"rate": 5, "period": "1s"}}]))
         assert s.wait_stat("update_success", 2)
@@ -423,9 +422,9 @@ def test_a_live_update_keeps_one_leader_and_the_tokens_flowing():
         deadline = time.time() + 5
         while time.time() < deadline and statuses[-50:] != [200] * 50:
             statuses.append(conn.request("/", {"x-tenant": "steady"}).status)
-            time.sleep(0.002)
+            time_passes(0.002)  # the key's pace
         assert statuses[-50:] == [200] * 50, statuses[-60:]
-        assert s.front.stat(leader) == 1
+        s.front.wait_stat(leader, 1)
         updated = dict(config, rate_limits=config["rate_limits"] + [
             {"name": "other", "match": {"path_prefix": "/other"}, "bucket": {"rate": 5, "period": "1s"}}])
         s.push(updated)
@@ -435,19 +434,17 @@ def test_a_live_update_keeps_one_leader_and_the_tokens_flowing():
         after = []
         for _ in range(400):
             after.append(conn.request("/", {"x-tenant": "steady"}))
-            time.sleep(0.002)
+            time_passes(0.002)  # the same pace through the update
         bad = [(i, r.status, r.body[:100]) for i, r in enumerate(after) if r.status != 200]
         assert not bad, bad
         conn.close()
         # A new key gets its first tokens from the new configuration's leader.
         got = []
-        deadline = time.time() + 3
-        while time.time() < deadline and 200 not in got:
+
+        def admitted():
             got.append(http1.get(s.port, "/", {"x-tenant": "newcomer"}).status)
-            time.sleep(0.02)
-        assert 200 in got, got
-        deadline = time.time() + 3
-        while time.time() < deadline and s.front.stat(leader) != 1:
-            time.sleep(0.1)
-        assert s.front.stat(leader) == 1, "one leader after the update"
+            return got[-1] == 200
+
+        wait_until(admitted, 3, lambda: f"a new key's first tokens: {got}")
+        s.front.wait_stat(leader, 1, timeout=3)  # one leader after the update
         assert rls.stats()["errors"] == 0

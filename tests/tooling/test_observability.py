@@ -19,8 +19,14 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 import http1
-from harness import ROOT, Stack, free_port, stop_child, wait_ready
+from harness import ENVOY_READY_S, ROOT, Stack, free_port, settle, stop_child, time_passes, wait_ready, wait_until
+
+# Every worker re-reads the breakers' shared state within 20 ms; no condition
+# shows it without a request that would change the breaker's count.
+SHARED_STATE_S = 0.1
 
 OBS = ROOT / "observability"
 ALERTS = OBS / "alerts.yaml"
@@ -246,7 +252,7 @@ class Prometheus:
             [exe, f"--config.file={self.config}", f"--storage.tsdb.path={Path(self.dir.name) / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if wait_ready(self.proc, f"http://127.0.0.1:{self.port}/-/ready", 20, "prometheus", self.logs):
+        if wait_ready(self.proc, f"http://127.0.0.1:{self.port}/-/ready", ENVOY_READY_S, "prometheus", self.logs):
             return self
         self.__exit__()
         raise RuntimeError("prometheus did not become ready")
@@ -279,12 +285,18 @@ class Prometheus:
         merges histograms for /stats/prometheus on its stats flush, every
         5 s), or one above zero if `positive` (the last traffic may not be
         scraped yet), or the last result once time.time() passes `deadline`."""
-        while True:
-            got = self.query(expr)
-            values = [float(r["value"][1]) for r in got]
-            if any(v > 0 if positive else math.isfinite(v) for v in values) or time.time() > deadline:
-                return got
-            time.sleep(0.25)
+        got = []
+
+        def has_data():
+            got.append(self.query(expr))
+            values = [float(r["value"][1]) for r in got[-1]]
+            return any(v > 0 if positive else math.isfinite(v) for v in values)
+
+        try:
+            wait_until(has_data, max(0.0, deadline - time.time()), expr, interval=0.25)
+        except AssertionError:
+            pass  # the caller tells what is missing
+        return got[-1]
 
 
 def measured_side(expr):
@@ -305,7 +317,7 @@ def drive(port):
     c = http1.Conn(port)
     seen["cb_trip"] = [c.request("/cb", FAIL).status for _ in range(6)]
     c.close()
-    time.sleep(0.1)
+    settle(SHARED_STATE_S)
     seen["cb_open"] = [http1.get(port, "/cb").header("x-sluice-circuit") for _ in range(5)]
     # A queue shedder with one slot and 150 ms max_wait, upstream 100 ms per
     # request: 12 requests at once, 4 of each priority, in 5 rounds. Some
@@ -316,7 +328,7 @@ def drive(port):
         batches = [[http1.build("/shed", {"x-priority": classes[i % 3], "x-envoy-fault-delay-request": "100"})]
                    for i in range(12)]
         shed += [r.header("x-sluice-shed") or r.status for b in http1.burst(port, batches) for r in b]
-        time.sleep(0.2)
+        time_passes(0.2)  # rounds 200 ms apart
     seen["shed"] = shed
     # A retry storm against a budget of 10% of first tries (plus 1 per
     # second): some retries admitted, most refused.
@@ -333,6 +345,7 @@ def drive(port):
     return seen
 
 
+@pytest.mark.slow
 def test_prometheus_returns_data_for_every_panel_and_alert_against_a_real_envoy():
     started = time.time()
     panels = panel_targets()
@@ -341,7 +354,12 @@ def test_prometheus_returns_data_for_every_panel_and_alert_against_a_real_envoy(
         # Every sluice metric is defined at configuration: scrape zeros first,
         # so the traffic below shows as an increase.
         assert prom.wait_for(f'sluice_rl_requests_total{{domain="{DOMAIN}"}}', time.time() + 20), prom.logs()[-3000:]
-        time.sleep(2)
+        def scrapes():
+            got = prom.query(f'min(count_over_time(sluice_rl_requests_total{{domain="{DOMAIN}"}}[1m]))')
+            return int(float(got[0]["value"][1])) if got else 0
+
+        first = scrapes()
+        wait_until(lambda: scrapes() >= first + 2, 20, "two more scrapes of the zeros", interval=0.25)
         seen = drive(s.port)
         print("client saw", {k: (sorted(set(map(str, v))), len(v)) for k, v in seen.items()})
         assert seen["rl"].count(429) > len(seen["rl"]) / 2, seen["rl"]
@@ -378,14 +396,15 @@ def test_prometheus_returns_data_for_every_panel_and_alert_against_a_real_envoy(
         for name, expr in alerts:  # what this file parsed is what Prometheus runs
             assert " ".join(loaded[name].split()) == " ".join(expr.split()), (name, loaded[name])
         assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
-        deadline = time.time() + 10
-        while True:
-            states = {a["labels"]["alertname"]: a["state"] for a in prom.api("alerts")["alerts"]}
-            driven = {n for n, _ in alerts} - UNDRIVEN
-            if driven <= set(states) or time.time() > deadline:
-                break
-            time.sleep(0.5)
-        assert driven <= set(states), f"not pending: {sorted(driven - set(states))}"
+        driven = {n for n, _ in alerts} - UNDRIVEN
+        states = {}
+
+        def all_pending():
+            states.clear()
+            states.update({a["labels"]["alertname"]: a["state"] for a in prom.api("alerts")["alerts"]})
+            return driven <= set(states)
+
+        wait_until(all_pending, 10, lambda: f"not pending: {sorted(driven - set(states))}", interval=0.5)
         assert all(states[n] == "pending" for n in driven), states
         assert not UNDRIVEN & set(states), states
     print(f"test took {time.time() - started:.1f} s")

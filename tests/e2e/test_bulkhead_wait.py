@@ -19,7 +19,7 @@ import threading
 import time
 
 import http1
-from harness import METRICS_LAG_S, SlowUpstream, Stack, metric
+from harness import TRAFFIC_SEEN_S, SlowUpstream, Stack, metric, settle, wait_until
 
 LIMITS = [
     {"name": "wait", "match": {"path_prefix": "/w/"}, "key": [{"header": "x-tenant"}], "max": 3,
@@ -66,13 +66,13 @@ def together(calls):
     return out
 
 
-def first_then(calls, then, pause=0.2):
-    """Starts `calls` together, and `then` together `pause` seconds later;
+def first_then(calls, then, ready):
+    """Starts `calls` together, and `then` together once `ready()` holds;
     returns the results of both."""
     box = []
     t = threading.Thread(target=lambda: box.append(together(calls)))
     t.start()
-    time.sleep(pause)
+    wait_until(ready, TRAFFIC_SEEN_S, "the first calls in place")
     later = together(then)
     t.join(timeout=40)
     return box[0], later
@@ -109,15 +109,15 @@ def leave_after(port, path, headers, seconds):
     return got.decode("latin-1")
 
 
-def settle(s, limits):
-    """Waits until the limits' gauges are back to 0 (or 3 s pass); returns them."""
-    deadline = time.time() + 3
-    while True:
-        time.sleep(METRICS_LAG_S)
-        now = s.front.stats()
-        got = {(n, g): now[metric(f"sluice_bulkhead_{g}", limit=n)] for n in limits for g in ("in_flight", "queued")}
-        if not any(got.values()) or time.time() > deadline:
-            return got
+def gauges(s, limits):
+    now = s.front.stats()
+    return {(n, g): now[metric(f"sluice_bulkhead_{g}", limit=n)] for n in limits for g in ("in_flight", "queued")}
+
+
+def wait_released(s, limits):
+    """Waits until the limits' gauges are back to 0 (within 3 s)."""
+    wait_until(lambda: not any(gauges(s, limits).values()), 3,
+               lambda: f"the limits' gauges back to 0: {gauges(s, limits)}")
 
 
 def answered_peak(intervals):
@@ -137,6 +137,11 @@ def h(tenant, sleep_ms, **extra):
     return dict({"x-tenant": tenant, "x-sleep-ms": str(sleep_ms)}, **extra)
 
 
+def in_flight_upstream(up, tenant, n):
+    """A condition: `n` of the tenant's requests are in the upstream's hands."""
+    return lambda: up.stats()["tenants"].get(tenant, {}).get("in_flight") == n
+
+
 def test_waiters_go_as_places_free_never_past_max_wait_and_leave_nothing_behind():
     with SlowUpstream(10000, 0) as up, stack(up) as s:
         # N + k: 3 go at once, 6 wait and go in two more waves of 300 ms.
@@ -151,7 +156,8 @@ def test_waiters_go_as_places_free_never_past_max_wait_and_leave_nothing_behind(
         assert d[:3] == [10000] * 3 and all(x <= 10000 - 250 for x in d[3:]), d
 
         # max_wait 300 ms, a line of 1 per worker: 2 in flight, 5 more.
-        held, late = first_then([(timed, (s.port, "/x/", h("b", 1500)))] * 2, [(timed, (s.port, "/x/", h("b", 0)))] * 5)
+        held, late = first_then([(timed, (s.port, "/x/", h("b", 1500)))] * 2, [(timed, (s.port, "/x/", h("b", 0)))] * 5,
+                                in_flight_upstream(up, "b", 2))
         assert [r.status for r, _ in held] == [200, 200]
         assert [r.status for r, _ in late] == [429] * 5, [(r.status, r.body) for r, _ in late]
         waited = [t for _, t in late if t > 0.25]
@@ -174,16 +180,17 @@ def test_waiters_go_as_places_free_never_past_max_wait_and_leave_nothing_behind(
         # place frees), none reaches the upstream, nothing stays.
         holders = threading.Thread(target=together, args=([(timed, (s.port, "/w/", h("c", 2000)))] * 3,))
         holders.start()
-        time.sleep(0.2)
+        wait_until(in_flight_upstream(up, "c", 3), TRAFFIC_SEEN_S, "the 3 holders in flight upstream")
         assert together([(leave_after, (s.port, "/w/", h("c", 0), 0.2))] * 6) == ["left"] * 6
-        time.sleep(METRICS_LAG_S)
-        now = s.front.stats()
-        gauge = lambda g: now[metric(f"sluice_bulkhead_{g}", limit="wait")]  # noqa: E731
-        assert (gauge("queued"), gauge("in_flight")) == (0, 3)
+        # While the holders still hold (a waiter taken out of line only when
+        # a place frees would show then): no condition to wait for.
+        settle()
+        now = gauges(s, ["wait"])
+        assert (now[("wait", "queued")], now[("wait", "in_flight")]) == (0, 3)
         holders.join(timeout=10)
         c = up.stats()["tenants"]["c"]
         assert (c["served"], c["gone"], c["peak"]) == (3, 0, 3), c
-        assert not any(settle(s, ["wait", "short"]).values())
+        wait_released(s, ["wait", "short"])
         up.reset_peaks()
         again = together([(timed, (s.port, "/w/", h("c", 300)))] * 3)
         assert [r.status for r, _ in again] == [200] * 3 and max(t for _, t in again) < 0.55
@@ -228,7 +235,7 @@ def test_a_thousand_concurrent_requests_over_twenty_tenants_with_clients_leaving
         assert max(peaks.values()) <= 5 and sum(peaks.values()) > 4 * len(tenants), peaks
 
         # Afterwards every tenant's full limit is free: 5 each at once, none waits.
-        assert not any(settle(s, ["scale"]).values())
+        wait_released(s, ["scale"])
         up.reset_peaks()
         got = together([(timed, (s.port, "/scale/", h(t, 600))) for t in tenants for _ in range(5)])
         assert [r.status for r, _ in got] == [200] * (5 * len(tenants))

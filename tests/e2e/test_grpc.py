@@ -4,10 +4,13 @@ content type, with and without Envoy's grpc_web filter in front of sluice.
 Never a bare 200 that a client would read as success."""
 
 import threading
-import time
 
 import http1
-from harness import Stack
+from harness import TRAFFIC_SEEN_S, Stack, settle, wait_until
+
+# Every worker re-reads the breakers' shared state within 20 ms; no condition
+# shows it without a request that would change the breaker's count.
+SHARED_STATE_S = 0.1
 
 GRPC_WEB = {"name": "envoy.filters.http.grpc_web",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_web.v3.GrpcWeb"}}
@@ -54,12 +57,13 @@ def check_every_mechanism(filters_before):
         c = http1.Conn(s.port)
         for _ in range(3):
             c.request("/cb", {"x-envoy-fault-abort-request": "503"})
-        time.sleep(0.1)
+        settle(SHARED_STATE_S)
         # Hold the shedder's only slot with a slow request.
+        before = s.upstream_requests()
         slow = threading.Thread(target=http1.get, args=(s.port, "/shed/slow"),
                                 kwargs={"headers": {"x-envoy-fault-delay-request": "3000"}})
         slow.start()
-        time.sleep(0.3)
+        wait_until(lambda: s.upstream_requests() > before, TRAFFIC_SEEN_S, "the slow request at the upstream")
         try:
             for i, ct in enumerate(CONTENT_TYPES):
                 case = f"{i}-{bool(filters_before)}"

@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import http1
-from harness import ENVOY, ROOT, free_port, port_free
+from harness import ENVOY, ROOT, free_port, port_free, time_passes, wait_until
 from rls import wait_out_window_edge
 from test_run import RunSh, group_members
 
@@ -52,7 +51,7 @@ def test_run_fleet_shares_one_limit_across_two_envoys_and_stops_on_ctrl_c(tmp_pa
         for i in range(1, 31):  # the printed loop: 30 requests, alternating
             port = p1 if i % 2 else p2
             got.append((port, http1.get(port, "/").status))
-            time.sleep(0.05)
+            time_passes(0.05)  # the printed loop's pace
         ok = [p for p, s in got if s == 200]
         refused = {p for p, s in got if s == 429}
         assert set(s for _, s in got) <= {200, 429}, got
@@ -63,8 +62,6 @@ def test_run_fleet_shares_one_limit_across_two_envoys_and_stops_on_ctrl_c(tmp_pa
         run.proc.send_signal(signal.SIGINT)
         assert run.finish(60) == 0, run.output()[-3000:]
         assert "stopped" in run.output()
-        deadline = time.time() + 10
-        while group_members(run.pgid) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not group_members(run.pgid)
+        wait_until(lambda: not group_members(run.pgid), 10, lambda: f"processes left behind: {group_members(run.pgid)}",
+                   interval=0.1)
         assert all(port_free(chosen[n]) for n in names)
