@@ -9,20 +9,17 @@ WASM            := target/wasm32-wasip1/release/sluice.wasm
 VENV            := .venv
 ENVOY           := $(VENV)/bin/envoy
 PY              := $(VENV)/bin/python
-# wasm-bindgen-test-runner must match the wasm-bindgen version in Cargo.lock.
-WBG_VERSION     := $(shell awk '/^name = "wasm-bindgen"$$/{getline; gsub(/"/,"",$$3); print $$3}' Cargo.lock)
-WBG_RUNNER      := .tools/bin/wasm-bindgen-test-runner
 
 .PHONY: all build run test test-core test-wasm32 test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
 
 all: build
 
-# Node.js: wasm-bindgen-test-runner runs the wasm32 tests in it (test-wasm32).
-deps: $(ENVOY) $(WBG_RUNNER) .tools/targets
+# Node.js: the wasm32 tests run under its WASI (test-wasm32).
+deps: $(ENVOY) .tools/targets
 	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs)
 
 .tools/targets:
-	rustup target add wasm32-wasip1 wasm32-unknown-unknown
+	rustup target add wasm32-wasip1
 	mkdir -p .tools && touch $@
 
 $(ENVOY):
@@ -33,9 +30,6 @@ $(ENVOY):
 $(VENV)/.jsonschema: $(ENVOY)
 	$(VENV)/bin/pip install --quiet jsonschema==$(JSONSCHEMA_VERSION)
 	touch $@
-
-$(WBG_RUNNER):
-	cargo install --quiet --root .tools wasm-bindgen-cli --version $(WBG_VERSION)
 
 build: .tools/targets
 	cargo build --release --target wasm32-wasip1
@@ -82,7 +76,8 @@ test-core:
 	cargo test --features schema
 
 test-wasm32: deps
-	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(CURDIR)/$(WBG_RUNNER) cargo test --target wasm32-unknown-unknown
+	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \
+	  cargo test --target wasm32-wasip1
 
 # Everything under tests/: the product's end-to-end tests (tests/e2e) and the
 # tooling's (tests/tooling); see pytest.ini for the markers (e2e, tooling,

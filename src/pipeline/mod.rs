@@ -3,7 +3,8 @@
 //! order (`src/wiring/` says which and in which order) and owns the
 //! per-stream state, by stream id (which stages hold something for a
 //! stream; the host keeps none), the exactly-once release on every way a
-//! stream ends, and the tick.
+//! stream ends, the streams' deadlines (`deadline.rs`), the one list of
+//! streams waiting on this worker (`wait.rs`), and the tick.
 //!
 //! The host calls it from each hook with what it read and carries out what
 //! it answers: a verdict on the current request, effects on other streams,
@@ -40,9 +41,10 @@ use wait::WaitList;
 
 /// The tick period while no stage has to act sooner.
 pub const SLOW_TICK: Duration = Duration::from_millis(100);
-/// The tick period while a stage has to act sooner (`Stage::wants_fast_tick`):
-/// requests wait (a slot freed on another worker is used within about a
-/// millisecond), an update to retry, an adaptive limit's samples to merge.
+/// The tick period while anyone waits (a slot freed on another worker is
+/// used within about a millisecond) or a stage has to act sooner
+/// (`Stage::wants_fast_tick`: an update to retry, an adaptive limit's
+/// samples to merge).
 pub const FAST_TICK: Duration = Duration::from_millis(1);
 
 /// What the host must carry out after a call.
