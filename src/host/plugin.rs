@@ -150,7 +150,7 @@ impl Plugin {
 impl Plugin {
     /// A paused stream that is gone: give back what it may hold.
     fn lost(&self, stream: u32) {
-        if let Some(out) = self.call(|p, env| p.end(env, stream)) {
+        if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
             self.apply(out, None);
         }
     }

@@ -280,10 +280,17 @@ impl Pipeline {
             self.keep(stream);
             return (headers, Outcome::default());
         }
+        // A stream answered while paused (Envoy's own local reply, say)
+        // still waits in the stage that paused it: that stage keeps its
+        // hold, and hears of the stream's end.
+        let paused = stream.paused_at;
         let ((), out) = self.with_cx(env, |stages, cx| {
             for (i, stage) in stages.iter_mut().enumerate() {
                 cx.stage = i;
-                if stream.holds & (1 << i) != 0 && !stage.response(cx, stream.id, resp) {
+                if stream.holds & (1 << i) != 0
+                    && !stage.response(cx, stream.id, resp)
+                    && paused != Some(i)
+                {
                     stream.holds &= !(1 << i);
                 }
             }
@@ -299,17 +306,42 @@ impl Pipeline {
             b.end(id);
         }
         let Some(mut stream) = self.streams.remove(&id) else {
+            self.forget_waiter(id);
             return Outcome::default();
         };
         if stream.holds == 0 {
+            self.forget_waiter(id);
             return Outcome::default();
         }
         let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, &mut stream));
         // Out of any line, whether or not its stage took it out.
+        self.forget_waiter(id);
+        out
+    }
+
+    /// A stream an effect named is gone from the host (its context could
+    /// not be set): it ends; if the pipeline no longer knows what it holds,
+    /// every stage releases whatever it may hold for it (a stage's `end`
+    /// for a stream it holds nothing for does nothing).
+    pub fn gone(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
+        if self.streams.contains_key(&id) {
+            return self.end(env, id);
+        }
+        if let Some(b) = &mut self.budgets {
+            b.end(id);
+        }
+        let mut stream = StreamState::new(id);
+        stream.holds = u64::MAX;
+        let ((), out) = self.with_cx(env, |stages, cx| release(stages, cx, &mut stream));
+        self.forget_waiter(id);
+        out
+    }
+
+    /// Takes stream `id` out of the wait list, if it is there.
+    fn forget_waiter(&mut self, id: StreamId) {
         if !self.waits.is_empty() {
             self.waits.remove(id);
         }
-        out
     }
 
     /// The streams the pipeline keeps something of (bounded by the streams

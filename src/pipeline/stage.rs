@@ -290,7 +290,9 @@ pub trait Stage {
         -> Decision;
 
     /// The response headers of a stream this stage holds. Returns whether
-    /// the stage still holds something for it.
+    /// the stage still holds something for it (the stage a stream is
+    /// paused at, answered meanwhile by Envoy, keeps its hold whatever it
+    /// returns: it hears of the stream's end).
     fn response(
         &mut self,
         _cx: &mut Cx<'_, '_>,

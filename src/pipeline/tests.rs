@@ -637,3 +637,49 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
     // Nobody waits now: the next release wakes nobody.
     assert!(a.end(&mut env, held[1]).signals.is_empty());
 }
+
+/// A stage that pauses every request, holds it, says it holds nothing once
+/// a response comes (as a shedder does for a stream queued without a
+/// slot), and counts its ends.
+struct PausesAndForgets(Rc<Cell<u32>>);
+
+impl Stage for PausesAndForgets {
+    fn request(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId, _r: &dyn RequestView) -> Decision {
+        Decision::of(Step::Pause, true)
+    }
+    fn response(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId, _r: &dyn ResponseView) -> bool {
+        false
+    }
+    fn end(&mut self, _cx: &mut Cx<'_, '_>, _s: StreamId) {
+        self.0.set(self.0.get() + 1);
+    }
+}
+
+#[test]
+fn a_stream_answered_while_paused_still_ends_at_the_stage_that_paused_it() {
+    let ended = Rc::new(Cell::new(0));
+    let mut p =
+        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
+    p.stages = vec![Box::new(PausesAndForgets(ended.clone()))];
+    let store = MemoryStore::default();
+    let mut rec = Recorder::default();
+    let clock = || T0;
+    let mut env = Env {
+        store: &store,
+        clock: &clock,
+        sink: &mut rec,
+    };
+    let req = FakeRequest::new("GET", "/");
+    assert_eq!(p.request(&mut env, 1, &req).0, Verdict::Pause);
+    // Envoy answers it (a timeout, say) while it waits, then it ends.
+    let _ = p.response(&mut env, 1, &Response(504));
+    p.end(&mut env, 1);
+    assert_eq!(ended.get(), 1, "the stage that paused it heard of its end");
+    assert_eq!(p.streams_kept(), 0);
+    // A stream the host lost and the pipeline no longer knows: every stage
+    // is told, whatever it may hold for it.
+    p.gone(&mut env, 7);
+    assert_eq!(ended.get(), 2);
+    p.end(&mut env, 7);
+    assert_eq!(ended.get(), 2, "once");
+}

@@ -126,7 +126,8 @@ impl WaitList {
     }
 
     /// Takes out every waiter whose time is up at `now_ms`: (stage,
-    /// stream, waiter), in order of their time.
+    /// stream, waiter), in order of their time. Each line they leave is
+    /// gone through once, however many leave it.
     pub(super) fn expired(&mut self, now_ms: u64) -> Vec<(usize, u32, Wait)> {
         let mut due: Vec<(u64, u32)> = self
             .of
@@ -134,13 +135,31 @@ impl WaitList {
             .filter_map(|(s, e)| Some((e.waiter.until_ms?, *s)))
             .filter(|&(until, _)| until <= now_ms)
             .collect();
+        if due.is_empty() {
+            return Vec::new();
+        }
         due.sort_unstable();
-        due.into_iter()
-            .filter_map(|(_, s)| {
-                let (stage, w) = self.remove(s)?;
-                Some((stage, s, w))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(due.len());
+        let mut lines: Vec<(usize, LineId)> = Vec::new();
+        for (_, s) in due {
+            if let Some(e) = self.of.remove(&s) {
+                let line = (e.stage, e.waiter.line);
+                if !lines.contains(&line) {
+                    lines.push(line);
+                }
+                out.push((e.stage, s, e.waiter));
+            }
+        }
+        for key in lines {
+            if let Some(line) = self.lines.get_mut(&key) {
+                let of = &self.of;
+                line.retain(|s| of.contains_key(s));
+                if line.is_empty() {
+                    self.lines.remove(&key);
+                }
+            }
+        }
+        out
     }
 }
 

@@ -250,7 +250,7 @@ impl Stage for RateLimits {
         }
         // Those whose turn came, in order of their turns.
         let now = cx.now_ns();
-        for (stream, w) in cx.in_line(TURNS) {
+        while let Some((stream, w)) = cx.first_in(TURNS) {
             if w.key > now {
                 break;
             }
