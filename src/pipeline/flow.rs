@@ -132,8 +132,8 @@ pub(super) fn release(
 }
 
 /// Calls `f` on each stage in order, the context told which stage it
-/// calls (whose lines it reaches).
-pub(super) fn each<R>(
+/// calls (whose lines it reaches), until one fails.
+pub(super) fn try_each<R>(
     stages: &mut [Box<dyn Stage>],
     cx: &mut Cx<'_, '_>,
     mut f: impl FnMut(&mut dyn Stage, &mut Cx<'_, '_>) -> Result<(), R>,
@@ -143,4 +143,16 @@ pub(super) fn each<R>(
         f(stage.as_mut(), cx)?;
     }
     Ok(())
+}
+
+/// `try_each` for calls that cannot fail.
+pub(super) fn each(
+    stages: &mut [Box<dyn Stage>],
+    cx: &mut Cx<'_, '_>,
+    mut f: impl FnMut(&mut dyn Stage, &mut Cx<'_, '_>),
+) {
+    let _ = try_each::<()>(stages, cx, |s, cx| {
+        f(s, cx);
+        Ok(())
+    });
 }

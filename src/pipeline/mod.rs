@@ -34,7 +34,7 @@ use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use deadline::Budgets;
 pub use flow::Verdict;
-use flow::{each, release, run, StreamState};
+use flow::{each, release, run, try_each, StreamState};
 use std::time::Duration;
 use telemetry::Registry;
 use wait::WaitList;
@@ -176,7 +176,7 @@ impl Pipeline {
 
     /// Creates what the stages need in shared data (at configuration).
     pub fn start(&mut self, env: &mut Env<'_>) -> Result<(), String> {
-        let (r, _) = self.with_cx(env, |stages, cx| each(stages, cx, |s, cx| s.start(cx)));
+        let (r, _) = self.with_cx(env, |stages, cx| try_each(stages, cx, |s, cx| s.start(cx)));
         r
     }
 
@@ -367,10 +367,7 @@ impl Pipeline {
                     stage.timed_out(cx, stream, waiter);
                 }
             }
-            let _ = each::<()>(stages, cx, |s, cx| {
-                s.tick(cx);
-                Ok(())
-            });
+            each(stages, cx, |s, cx| s.tick(cx));
             cx.tick_changed = true;
         });
         out
@@ -379,10 +376,7 @@ impl Pipeline {
     /// A call asked for by a stage ended (`body`: the response, or `None`).
     pub fn call_done(&mut self, env: &mut Env<'_>, id: u64, body: Option<&[u8]>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            let _ = each::<()>(stages, cx, |s, cx| {
-                s.call_done(cx, id, body);
-                Ok(())
-            });
+            each(stages, cx, |s, cx| s.call_done(cx, id, body));
         });
         out
     }
@@ -390,10 +384,7 @@ impl Pipeline {
     /// Another VM woke this one through `queue`, a queue it listens on.
     pub fn woken(&mut self, env: &mut Env<'_>, queue: &str) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            let _ = each::<()>(stages, cx, |s, cx| {
-                s.woken(cx, queue);
-                Ok(())
-            });
+            each(stages, cx, |s, cx| s.woken(cx, queue));
         });
         out
     }
@@ -401,10 +392,7 @@ impl Pipeline {
     /// The configuration is going away: stages give back what they can.
     pub fn close(&mut self, env: &mut Env<'_>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
-            let _ = each::<()>(stages, cx, |s, cx| {
-                s.close(cx);
-                Ok(())
-            });
+            each(stages, cx, |s, cx| s.close(cx));
         });
         out
     }

@@ -18,8 +18,18 @@ pub use config::{parse, Config};
 
 use crate::config::ConfigError;
 use crate::pipeline::deadline::Budgets;
-use crate::pipeline::telemetry::{Kind, Registry};
+use crate::pipeline::telemetry::{Declared, Kind, Registry};
 use crate::pipeline::{Pipeline, Stage};
+
+/// Every mechanism's table of the metrics it may define.
+pub const METRIC_TABLES: &[&[Declared]] = &[
+    crate::pipeline::deadline::METRICS,
+    crate::breaker::stage::METRICS,
+    crate::retry::stage::METRICS,
+    crate::bulkhead::stage::METRICS,
+    crate::ratelimit::stage::METRICS,
+    crate::shed::stage::METRICS,
+];
 
 /// Builds a configuration's pipeline, its stages in request order:
 /// deadlines first (a request that cannot finish in time is refused before
@@ -38,14 +48,7 @@ pub fn pipeline(
     let common = &config.common;
     let deadlines = config.deadlines.as_ref();
     // Every mechanism's table of metrics: defining another is refused.
-    let mut metrics = Registry::declared(&[
-        crate::pipeline::deadline::METRICS,
-        crate::breaker::stage::METRICS,
-        crate::retry::stage::METRICS,
-        crate::bulkhead::stage::METRICS,
-        crate::ratelimit::stage::METRICS,
-        crate::shed::stage::METRICS,
-    ]);
+    let mut metrics = Registry::declared(METRIC_TABLES);
     let m = &mut metrics;
     // The pipeline reads every request's deadline and bounds every wait by it.
     let budgets = deadlines.map(|spec| {

@@ -485,15 +485,7 @@ fn every_declared_metric_is_defined_by_some_configuration_and_documented() {
         .map(|d| d.name.rsplit(";.;").next().unwrap_or(""))
         .collect();
     let docs = include_str!("../../docs/operations.md");
-    let tables = [
-        crate::pipeline::deadline::METRICS,
-        crate::breaker::stage::METRICS,
-        crate::retry::stage::METRICS,
-        crate::bulkhead::stage::METRICS,
-        crate::ratelimit::stage::METRICS,
-        crate::shed::stage::METRICS,
-    ];
-    for d in tables.iter().flat_map(|t| t.iter()) {
+    for d in crate::wiring::METRIC_TABLES.iter().flat_map(|t| t.iter()) {
         assert!(
             defined.contains(&d.name),
             "{} is declared, never defined",
