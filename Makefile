@@ -10,7 +10,7 @@ VENV            := .venv
 ENVOY           := $(VENV)/bin/envoy
 PY              := $(VENV)/bin/python
 
-.PHONY: all build run test test-core test-wasm32 test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
+.PHONY: all build run test test-core test-wasm32 test-host test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
 
 all: build
 
@@ -70,7 +70,7 @@ run-container: build $(ENVOY) container-deps
 	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
 	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
 
-test: lint test-core test-wasm32 test-rls test-e2e
+test: lint test-core test-wasm32 test-rls test-host test-e2e
 
 test-core:
 	cargo test --features schema
@@ -78,6 +78,14 @@ test-core:
 test-wasm32: deps
 	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \
 	  cargo test --target wasm32-wasip1
+
+# The built module in a proxy-wasm host of the tests' own (tests/host/, on
+# Node's WebAssembly, no Envoy; docs/design.md#what-is-tested-where): pause,
+# resume, lost streams, replaced configurations and local replies on a
+# clock the tests move. About a second.
+test-host: build
+	@command -v node >/dev/null || (apt-get update && apt-get install -y nodejs)
+	node --test tests/host/
 
 # Everything under tests/: the product's end-to-end tests (tests/e2e) and the
 # tooling's (tests/tooling); see pytest.ini for the markers (e2e, tooling,
