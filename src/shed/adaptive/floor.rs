@@ -3,8 +3,8 @@
 //! Envoy's `adaptive_concurrency` measures its own: started, judged and
 //! expired here.
 
-use super::layout::{Auto, NONE, NOTHING_LEARNED};
 use super::spec::AdaptiveSpec;
+use super::state::{Auto, Measured};
 
 /// After a measurement starts, how long until every worker admits under
 /// the held limit: each reads the limit on its tick, at least every 100 ms.
@@ -21,30 +21,33 @@ impl Auto {
     /// floor measured at a held limit if that is higher.
     pub fn floor_us(&self) -> Option<u64> {
         let seen = self.lowest_us();
-        match self.floor_cal_us {
-            NONE | NOTHING_LEARNED => seen,
-            cal => Some(seen.map_or(cal, |s| s.max(cal))),
+        match self.floor_cal {
+            None | Some(Measured::NothingLearned) => seen,
+            Some(Measured::FloorUs(cal)) => Some(seen.map_or(cal, |s| s.max(cal))),
         }
     }
 
     /// The lowest latency seen in the window.
     pub(super) fn lowest_us(&self) -> Option<u64> {
-        let f = self.floor_current_us.min(self.floor_previous_us);
-        (f != NONE).then_some(f)
+        match (self.floor_current_us, self.floor_previous_us) {
+            (Some(c), Some(p)) => Some(c.min(p)),
+            (c, p) => c.or(p),
+        }
     }
 
     /// Holds the limit at `at` (within the bounds) to measure the floor.
     pub(super) fn start_measure(&mut self, spec: &AdaptiveSpec, at: u64, now_ms: u64) {
-        self.measure_limit = at.clamp(u64::from(spec.min).max(1), u64::from(spec.max).max(1));
+        let held = at.clamp(u64::from(spec.min).max(1), u64::from(spec.max).max(1));
+        self.measure_limit = Some(held);
         self.measure_start_ms = now_ms;
         self.before_measure_milli = self.limit_milli;
-        self.before_measure_avg_us = self.sum_us.checked_div(self.count).unwrap_or(NONE);
+        self.before_measure_avg_us = self.sum_us.checked_div(self.count);
         self.before_measure_count = self.count;
-        self.limit_milli = self.measure_limit.saturating_mul(1000);
+        self.limit_milli = held.saturating_mul(1000);
         self.stuck_run = 0;
         self.cal_sum_us = 0;
         self.cal_count = 0;
-        self.cal_min_us = NONE;
+        self.cal_min_us = None;
     }
 
     /// Responses averaged for a measured floor: [`CAL_SAMPLES`], or 10 per
@@ -63,7 +66,7 @@ impl Auto {
     /// been admitted long before it, with an upstream slower than an
     /// interval).
     pub fn measured_from_ms(&self, spec: &AdaptiveSpec) -> Option<u64> {
-        (self.measure_limit > 0).then(|| {
+        self.measure_limit.map(|_| {
             self.measure_start_ms
                 .saturating_add(spec.interval_ms.max(READ_LAG_MS))
         })
@@ -78,21 +81,21 @@ impl Auto {
     /// their response headers) gives up, and the limit is given back.
     ///
     /// [`Samples::add_measured`]: super::samples::Samples::add_measured
-    pub(super) fn measure(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
+    pub(super) fn measure(&mut self, spec: &AdaptiveSpec, held: u64, now_ms: u64) {
         let timed_out = now_ms.saturating_sub(self.measure_start_ms) >= spec.floor_window_ms;
         // At the deadline, what came in is enough if at least 10, or 2 per
         // held request (an upstream slower than a few hundred ms does not
         // bring 50 within a window at a low limit).
         let enough = if timed_out {
-            self.measure_limit.saturating_mul(2).max(10)
+            held.saturating_mul(2).max(10)
         } else {
-            Self::samples_to_measure(self.measure_limit)
+            Self::samples_to_measure(held)
         };
         let low = self.lowest_us();
         let avg = self
             .cal_sum_us
             .checked_div(self.cal_count)
-            .filter(|&a| self.cal_count >= enough || self.finds_nothing(spec, low, a));
+            .filter(|&a| self.cal_count >= enough || self.finds_nothing(spec, held, low, a));
         if avg.is_none() && !timed_out {
             return;
         }
@@ -112,29 +115,29 @@ impl Auto {
         // Only an average of enough responses to compare with.
         let before = match self.before_measure_count {
             n if n >= CAL_SAMPLES / 2 => self.before_measure_avg_us,
-            _ => NONE,
+            _ => None,
         };
         let fastest = self.cal_min_us;
         let learned = avg.filter(|&a| {
             !low.is_some_and(|l| within_tolerance(spec, l, a))
-                && !within_tolerance(spec, fastest, a)
-                && (before == NONE || within_tolerance(spec, before, a))
+                && fastest.is_some_and(|f| !within_tolerance(spec, f, a))
+                && before.is_none_or(|b| within_tolerance(spec, b, a))
         });
         if learned.is_none() {
             self.limit_milli = self.before_measure_milli;
             self.quiet = 1;
         }
-        self.floor_cal_us = match (learned, avg, self.floor_cal_us) {
-            (Some(avg), _, _) => avg.max(1),
+        self.floor_cal = Some(match (learned, avg, self.floor_cal) {
+            (Some(avg), _, _) => Measured::FloorUs(avg.max(1)),
             // Too few: a measured floor in force stays.
-            (None, None, kept) if kept != NONE => kept,
-            _ => NOTHING_LEARNED,
-        };
+            (None, None, Some(kept)) => kept,
+            _ => Measured::NothingLearned,
+        });
         self.floor_cal_ms = now_ms;
-        self.measure_limit = 0;
+        self.measure_limit = None;
         self.cal_sum_us = 0;
         self.cal_count = 0;
-        self.cal_min_us = NONE;
+        self.cal_min_us = None;
     }
 
     /// Whether the responses measured so far already say what the
@@ -156,8 +159,8 @@ impl Auto {
     ///   times, against 1.56 allowed. Without this condition such an
     ///   upstream's first responses back, the fast ones, would end its
     ///   measurements early and leave it less used.
-    fn finds_nothing(&self, spec: &AdaptiveSpec, low: Option<u64>, avg: u64) -> bool {
-        let needed = self.measure_limit.saturating_mul(2).max(EARLY_SAMPLES);
+    fn finds_nothing(&self, spec: &AdaptiveSpec, held: u64, low: Option<u64>, avg: u64) -> bool {
+        let needed = held.saturating_mul(2).max(EARLY_SAMPLES);
         let Some(low) = low else {
             return false;
         };
@@ -168,10 +171,13 @@ impl Auto {
         let early = 100 + tol.saturating_sub(100) * 3 / 4;
         // tolerance × before ÷ held, in hundredths (the limit before in
         // thousandths, as learned, not rounded).
-        let held_milli = u128::from(self.measure_limit.max(1)) * 1000;
+        let held_milli = u128::from(held.max(1)) * 1000;
         let before_milli = u128::from(self.before_measure_milli).max(held_milli);
         let steady = tol * before_milli / held_milli;
-        within_pct(early, low, avg) && within_pct(steady, low, self.before_measure_avg_us)
+        within_pct(early, low, avg)
+            && self
+                .before_measure_avg_us
+                .is_some_and(|b| within_pct(steady, low, b))
     }
 
     /// A measured floor holds for `floor_window`; then it is dropped (the
@@ -179,13 +185,19 @@ impl Auto {
     /// still below it by more than the tolerance (that floor alone would
     /// take the limit down again), measured again at once.
     pub(super) fn expire_measured(&mut self, spec: &AdaptiveSpec, now_ms: u64) {
-        if self.floor_cal_us == NONE
-            || self.measure_limit > 0
+        let Some(cal) = self.floor_cal else {
+            return;
+        };
+        if self.measure_limit.is_some()
             || now_ms.saturating_sub(self.floor_cal_ms) < spec.floor_window_ms
         {
             return;
         }
-        let measured = std::mem::replace(&mut self.floor_cal_us, NONE);
+        self.floor_cal = None;
+        // Nothing learned: the floor is the lowest latency seen already.
+        let Measured::FloorUs(measured) = cal else {
+            return;
+        };
         let Some(low) = self
             .lowest_us()
             .filter(|&l| !within_tolerance(spec, l, measured))

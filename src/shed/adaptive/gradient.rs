@@ -3,8 +3,8 @@
 //! count of shrinks held back that starts a measurement of the floor.
 
 use super::floor::held_limit;
-use super::layout::{Auto, NONE, NOTHING_LEARNED};
 use super::spec::AdaptiveSpec;
+use super::state::{Auto, Measured};
 
 /// Shrinks held back (by less than 15%), counted up and down by each
 /// growth, before the floor is measured.
@@ -19,10 +19,10 @@ impl Auto {
     /// samples, and a new interval.
     pub(super) fn end_interval(&mut self, spec: &AdaptiveSpec, now_ms: u64, elapsed_ms: u64) {
         self.expire_measured(spec, now_ms);
-        let measuring = self.measure_limit > 0 || self.quiet > 0;
+        let measuring = self.measure_limit.is_some() || self.quiet > 0;
         self.quiet = self.quiet.saturating_sub(1);
-        if self.measure_limit > 0 {
-            self.measure(spec, now_ms);
+        if let Some(held) = self.measure_limit {
+            self.measure(spec, held, now_ms);
         }
         if let (Some(floor), Some(avg), false) = (
             self.floor_us(),
@@ -74,10 +74,10 @@ impl Auto {
         // a quarter window of one that measured it (it may have come out
         // low).
         let since = now_ms.saturating_sub(self.floor_cal_ms);
-        let may_measure = match self.floor_cal_us {
-            NONE => true,
-            NOTHING_LEARNED => since >= spec.floor_window_ms,
-            _ => since >= spec.floor_window_ms / 4,
+        let may_measure = match self.floor_cal {
+            None => true,
+            Some(Measured::NothingLearned) => since >= spec.floor_window_ms,
+            Some(Measured::FloorUs(_)) => since >= spec.floor_window_ms / 4,
         };
         self.stuck_run = if !may_measure {
             0

@@ -15,17 +15,19 @@
 //! whose own speed changes, within a window. Every worker reads the limit
 //! back on its tick: an update reaches all of them within a tick.
 //!
-//! By role: `spec.rs` holds the settings; `layout.rs` the shared record as
-//! stored (its fields, sentinels and bytes); `samples.rs` what a worker
-//! gathers and its merge into the record; `gradient.rs` the limit's update
-//! at the end of an interval; `floor.rs` the latency floor, estimated and
-//! measured.
+//! By role: `spec.rs` holds the settings; `state.rs` the shared record as
+//! the logic works on it (absent values as `Option`s); `layout.rs` the
+//! record as stored (its fields, sentinels and bytes); `samples.rs` what a
+//! worker gathers and its merge into the record; `gradient.rs` the limit's
+//! update at the end of an interval; `floor.rs` the latency floor,
+//! estimated and measured.
 
 mod floor;
 mod gradient;
 mod layout;
 mod samples;
 mod spec;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +35,6 @@ pub use floor::CAL_SAMPLES;
 // For the simulations in `adaptive_sim` (tests only).
 #[cfg(test)]
 pub(crate) use gradient::STUCK_RUN;
-pub use layout::Auto;
 pub use samples::Samples;
 pub use spec::AdaptiveSpec;
+pub use state::Auto;

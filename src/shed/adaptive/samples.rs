@@ -3,8 +3,8 @@
 //! ([`Auto::merge`]), which rotates the floor's half-windows and ends the
 //! interval once it has lasted long enough.
 
-use super::layout::{Auto, NONE};
 use super::spec::AdaptiveSpec;
+use super::state::Auto;
 
 /// Latency samples one worker gathered since its last tick.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,12 +45,11 @@ impl Auto {
     /// next limit from every worker's samples.
     pub fn merge(mut self, spec: &AdaptiveSpec, s: &Samples, now_ms: u64) -> Auto {
         if now_ms.saturating_sub(self.floor_rotated_ms) >= spec.floor_window_ms / 2 {
-            self.floor_previous_us = self.floor_current_us;
-            self.floor_current_us = NONE;
+            self.floor_previous_us = self.floor_current_us.take();
             self.floor_rotated_ms = now_ms;
         }
         if let Some(m) = s.min_us {
-            self.floor_current_us = self.floor_current_us.min(m);
+            self.floor_current_us = Some(self.floor_current_us.map_or(m, |f| f.min(m)));
         }
         self.sum_us = self.sum_us.saturating_add(s.sum_us);
         self.count = self.count.saturating_add(s.count);
@@ -58,11 +57,11 @@ impl Auto {
         if s.count > 0 {
             self.max_span_ms = self.max_span_ms.max(s.span_ms);
         }
-        if self.measure_limit > 0 {
+        if self.measure_limit.is_some() {
             self.cal_sum_us = self.cal_sum_us.saturating_add(s.cal_sum_us);
             self.cal_count = self.cal_count.saturating_add(s.cal_count);
             if let Some(m) = s.cal_min_us {
-                self.cal_min_us = self.cal_min_us.min(m);
+                self.cal_min_us = Some(self.cal_min_us.map_or(m, |f| f.min(m)));
             }
         }
         // An interval lasts at least twice the floor (up to half the

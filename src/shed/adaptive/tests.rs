@@ -1,4 +1,4 @@
-use super::layout::{NONE, NOTHING_LEARNED};
+use super::state::Measured;
 use super::*;
 use crate::codec::Corrupt;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -34,25 +34,25 @@ fn measured(auto: &Auto, spec: &AdaptiveSpec, s: &mut Samples, interval_start_ms
 fn round_trips_and_rejects_any_flipped_bit() {
     let a = Auto {
         limit_milli: 12_345,
-        floor_current_us: 20_000,
-        floor_previous_us: NONE,
+        floor_current_us: Some(20_000),
+        floor_previous_us: None,
         floor_rotated_ms: 7,
         interval_start_ms: 9,
         sum_us: 1 << 40,
         count: 77,
         peak_inflight: 12,
         max_span_ms: 3,
-        floor_cal_us: 31_000,
+        floor_cal: Some(Measured::FloorUs(31_000)),
         floor_cal_ms: 5,
         cal_sum_us: 40_000,
         cal_count: 2,
-        cal_min_us: 15_000,
+        cal_min_us: Some(15_000),
         stuck_run: 1,
-        measure_limit: 3,
+        measure_limit: Some(3),
         measure_start_ms: 4,
         serving_milli: 2_500,
         before_measure_milli: 9_000,
-        before_measure_avg_us: 21_000,
+        before_measure_avg_us: Some(21_000),
         before_measure_count: 30,
         quiet: 1,
     };
@@ -64,6 +64,119 @@ fn round_trips_and_rejects_any_flipped_bit() {
         assert_eq!(Auto::decode(&bad), Err(Corrupt), "byte {i}");
     }
     assert_eq!(Auto::decode(&bytes[1..]), Err(Corrupt));
+}
+
+/// The stored bytes of a state with every value present (measuring a
+/// floor), with the absent ones, with a measurement that learned nothing,
+/// and of a fresh entry: the layout of `sh…/auto5`, byte for byte.
+#[test]
+fn the_stored_bytes_are_the_layout_of_version_5() {
+    let full = Auto {
+        limit_milli: 12_345,
+        floor_current_us: Some(20_000),
+        floor_previous_us: Some(22_000),
+        floor_rotated_ms: 7,
+        interval_start_ms: 9,
+        sum_us: 1 << 40,
+        count: 77,
+        peak_inflight: 12,
+        max_span_ms: 3,
+        floor_cal: Some(Measured::FloorUs(31_000)),
+        floor_cal_ms: 5,
+        cal_sum_us: 40_000,
+        cal_count: 2,
+        cal_min_us: Some(15_000),
+        stuck_run: 1,
+        measure_limit: Some(3),
+        measure_start_ms: 4,
+        serving_milli: 2_500,
+        before_measure_milli: 9_000,
+        before_measure_avg_us: Some(21_000),
+        before_measure_count: 30,
+        quiet: 1,
+    };
+    let absent = Auto {
+        limit_milli: 2_000,
+        floor_current_us: None,
+        floor_previous_us: None,
+        floor_rotated_ms: 1_000_100,
+        interval_start_ms: 1_000_200,
+        sum_us: 0,
+        count: 0,
+        peak_inflight: 0,
+        max_span_ms: 0,
+        floor_cal: None,
+        floor_cal_ms: 1_000_050,
+        cal_sum_us: 0,
+        cal_count: 0,
+        cal_min_us: None,
+        stuck_run: 0,
+        measure_limit: None,
+        measure_start_ms: 999_000,
+        serving_milli: 1_900,
+        before_measure_milli: 4_000,
+        before_measure_avg_us: None,
+        before_measure_count: 0,
+        quiet: 0,
+    };
+    let nothing_learned = Auto {
+        floor_current_us: Some(18_000),
+        floor_cal: Some(Measured::NothingLearned),
+        quiet: 1,
+        ..absent
+    };
+    let cases = [
+        (
+            full,
+            concat!(
+                "053930000000000000204e000000000000f0550000000000000700000000000000090000",
+                "000000000000000000000100004d000000000000000c0000000000000003000000000000",
+                "0018790000000000000500000000000000409c0000000000000200000000000000983a00",
+                "0000000000010000000000000003000000000000000400000000000000c4090000000000",
+                "00282300000000000008520000000000001e0000000000000001000000000000002cc430",
+                "af",
+            ),
+        ),
+        (
+            absent,
+            concat!(
+                "05d007000000000000ffffffffffffffffffffffffffffffffa4420f000000000008430f",
+                "000000000000000000000000000000000000000000000000000000000000000000000000",
+                "00ffffffffffffffff72420f000000000000000000000000000000000000000000ffffff",
+                "ffffffffff00000000000000000000000000000000583e0f00000000006c070000000000",
+                "00a00f000000000000ffffffffffffffff00000000000000000000000000000000c421a4",
+                "13",
+            ),
+        ),
+        (
+            nothing_learned,
+            concat!(
+                "05d0070000000000005046000000000000ffffffffffffffffa4420f000000000008430f",
+                "000000000000000000000000000000000000000000000000000000000000000000000000",
+                "00000000000000000072420f000000000000000000000000000000000000000000ffffff",
+                "ffffffffff00000000000000000000000000000000583e0f00000000006c070000000000",
+                "00a00f000000000000ffffffffffffffff00000000000000000100000000000000bfc179",
+                "d2",
+            ),
+        ),
+        (
+            Auto::new(&spec(), 1_000_000),
+            concat!(
+                "051027000000000000ffffffffffffffffffffffffffffffff40420f000000000040420f",
+                "000000000000000000000000000000000000000000000000000000000000000000000000",
+                "00ffffffffffffffff40420f000000000000000000000000000000000000000000ffffff",
+                "ffffffffff00000000000000000000000000000000000000000000000000000000000000",
+                "000000000000000000ffffffffffffffff00000000000000000000000000000000d4392c",
+                "26",
+            ),
+        ),
+    ];
+    for (a, expected) in cases {
+        let bytes = a.encode();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, expected, "{a:?}");
+        assert_eq!(Auto::decode(&bytes), Ok(a));
+    }
 }
 
 /// A simulated upstream with `capacity` slots and a fixed service time
@@ -188,7 +301,7 @@ fn a_lagging_latency_never_takes_the_limit_below_a_spare_over_the_capacity() {
         held += out.len();
     }
     assert!(held <= 12, "{held}");
-    assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED);
+    assert_eq!(sim.auto.floor_cal, Some(Measured::NothingLearned));
     assert_eq!(sim.auto.floor_us(), sim.auto.lowest_us());
     // The floor still follows a faster upstream down at once.
     let mut s = Samples::default();
@@ -216,7 +329,11 @@ fn a_measurement_holds_the_limit_at_the_capacity_when_the_rate_is_a_little_under
             // 8th interval; a steady upstream's measurement ends after
             // one interval of responses, [`Auto::finds_nothing`]).
             assert_eq!(limits[1..].iter().min(), Some(&2), "{limits:?}");
-            assert_eq!(sim.auto.floor_cal_us, NOTHING_LEARNED, "{limits:?}");
+            assert_eq!(
+                sim.auto.floor_cal,
+                Some(Measured::NothingLearned),
+                "{limits:?}"
+            );
         }
     }
 }
@@ -439,7 +556,7 @@ impl Noisy {
             *now += 100;
             *auto = auto.merge(spec, &s, *now);
             assert!((spec.min as u64..=spec.max as u64).contains(&auto.limit()));
-            assert!(auto.measure_limit == 0 || auto.limit() == auto.measure_limit);
+            assert!(auto.measure_limit.is_none_or(|held| auto.limit() == held));
             assert_eq!(Auto::decode(&auto.encode()), Ok(*auto));
             limits.push(auto.limit());
             used += busy as f64 / capacity as f64;
