@@ -252,8 +252,8 @@ impl Shedders {
         }
     }
 
-    /// Queues a waiter, or sheds it (or, when the queue is full, the newest
-    /// waiter of a lower class to make room).
+    /// Queues a waiter, or sheds it (or, when the queue is full, another
+    /// waiter to make room: see `full_queue_victim`).
     pub(super) fn enqueue(
         &mut self,
         store: &dyn Store,
@@ -275,6 +275,7 @@ impl Shedders {
         let mut evicted = None;
         if l.queues.iter().map(VecDeque::len).sum::<usize>() >= conc.queue as usize {
             l.codel.shed(w.since_ms);
+            let shares = shares.map(|sh| (sh, l.elsewhere.newest));
             match full_queue_victim(&mut l.queues, &w, shares) {
                 Some(v) => evicted = Some(v),
                 None => return Arrival::Shed,
@@ -306,20 +307,34 @@ impl Shedders {
 /// shed in its place, or `None` when `w` itself is the one to shed.
 /// By priority (no `shares`): the newest waiter of the lowest class below
 /// `w`'s. With shares: the waiter that would be served last, the latest
-/// turn (a class's newest, as turns grow along its queue), unless `w`'s
-/// own turn is as late. Shedding by turn keeps each class's waiters in
-/// proportion to its share; shedding the lowest class first would keep it
-/// out of a full queue, and below its share.
+/// turn, unless `w`'s own turn is as late; but only a class's newest turn
+/// on any worker: its queue's back here, unless the other workers' claims
+/// (`there`, their newest turn waiting or admitted by class, as last read)
+/// say later (a class with share 0 has no sequence of turns: its back
+/// always counts). Shedding by turn keeps each class's waiters in
+/// proportion to its share (shedding the lowest class first would keep it
+/// out of a full queue, and below its share); shedding only a class's
+/// newest keeps its turns without a gap: the turn goes to its next
+/// arrival, where one shed below a later turn of its class on another
+/// worker would be skipped, lost to the class.
 fn full_queue_victim(
     queues: &mut [VecDeque<Queued>; 3],
     w: &Queued,
-    shares: Option<[u32; 3]>,
+    shares: Option<([u32; 3], [u64; 3])>,
 ) -> Option<Queued> {
-    let victim = if shares.is_some() {
+    let victim = if let Some((sh, there)) = shares {
+        let newest_here = |c: usize, b: &Queued| {
+            sh.get(c) == Some(&0) || there.get(c).is_none_or(|&t| b.turn_ms >= t)
+        };
         queues
             .iter_mut()
-            .filter(|q| q.back().is_some_and(|b| b.turn_ms > w.turn_ms))
-            .max_by_key(|q| q.back().map(|b| b.turn_ms))
+            .enumerate()
+            .filter(|(c, q)| {
+                q.back()
+                    .is_some_and(|b| b.turn_ms > w.turn_ms && newest_here(*c, b))
+            })
+            .max_by_key(|(_, q)| q.back().map(|b| b.turn_ms))
+            .map(|(_, q)| q)
     } else {
         let mut lower = queues.iter_mut().take(w.class as usize);
         lower.find(|q| !q.is_empty())
