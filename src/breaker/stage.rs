@@ -130,22 +130,18 @@ pub fn build(
     })))
 }
 
+/// A call on the breakers: its result, and the store failures it met.
 type Work<'a, R> =
-    &'a mut dyn FnMut(&mut Breakers, &dyn Store, &mut SplitMix, &mut Vec<Event>) -> R;
+    &'a mut dyn FnMut(&mut Breakers, &dyn Store, &mut SplitMix, &mut Vec<Event>) -> (R, u32);
 
 impl BreakerStage {
-    /// Runs `f` on the breakers, then counts store failures and reports
-    /// transitions.
+    /// Runs `f` on the breakers, then counts the store failures it met and
+    /// reports transitions.
     fn run<R>(&mut self, cx: &mut Cx<'_, '_>, f: Work<'_, R>) -> R {
-        let failures_before = self.breakers.store_failures;
         let mut events = Vec::new();
-        let r = f(&mut self.breakers, cx.store(), cx.rng, &mut events);
-        let failed = self.breakers.store_failures - failures_before;
+        let (r, failed) = f(&mut self.breakers, cx.store(), cx.rng, &mut events);
         if failed > 0 {
-            cx.add(
-                self.store_failures,
-                i64::try_from(failed).unwrap_or(i64::MAX),
-            );
+            cx.add(self.store_failures, i64::from(failed));
         }
         for e in events {
             self.transition(cx, e);
@@ -237,7 +233,7 @@ impl BreakerStage {
             };
             let o = outcome(&spec.failure, start.map_or(0, |s| now.saturating_sub(s)));
             self.run(cx, &mut |b, store, rng, ev| {
-                b.record(store, now, t, o, rng, ev)
+                ((), b.record(store, now, t, o, rng, ev))
             });
         }
     }
@@ -266,7 +262,7 @@ impl BreakerStage {
         }
         for t in slow {
             self.run(cx, &mut |b, store, rng, ev| {
-                b.record(store, now, t, CallOutcome::Failure, rng, ev)
+                ((), b.record(store, now, t, CallOutcome::Failure, rng, ev))
             });
         }
     }
@@ -368,6 +364,8 @@ impl Stage for BreakerStage {
         if self.slow_calls {
             self.slow_calls(cx, now);
         }
-        self.run(cx, &mut |b, store, rng, ev| b.flush(store, now, rng, ev));
+        self.run(cx, &mut |b, store, rng, ev| {
+            ((), b.flush(store, now, rng, ev))
+        });
     }
 }

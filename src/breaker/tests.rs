@@ -312,12 +312,12 @@ fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
     // Everyone has seen the closed state.
     for v in vm.iter_mut() {
         assert!(matches!(
-            v.check(&store, T0, &to("a"), &mut rng, &mut ev),
+            v.check(&store, T0, &to("a"), &mut rng, &mut ev).0,
             Check::Pass(_)
         ));
     }
     for i in 0..10 {
-        let Check::Pass(t) = vm[0].check(&store, T0 + 1, &to("a"), &mut rng, &mut ev) else {
+        let Check::Pass(t) = vm[0].check(&store, T0 + 1, &to("a"), &mut rng, &mut ev).0 else {
             panic!("{i}")
         };
         vm[0].record(
@@ -333,17 +333,19 @@ fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
         .iter()
         .any(|e| matches!(e.transition, Transition::Opened { .. })));
     assert!(matches!(
-        vm[0].check(&store, T0 + 2, &to("a"), &mut rng, &mut ev),
+        vm[0].check(&store, T0 + 2, &to("a"), &mut rng, &mut ev).0,
         Check::FailFast { .. }
     ));
     // Another VM may pass on its cached state for less than SYNC_MS, then fails fast.
     assert!(matches!(
-        vm[1].check(&store, T0 + 1 + SYNC_MS, &to("a"), &mut rng, &mut ev),
+        vm[1]
+            .check(&store, T0 + 1 + SYNC_MS, &to("a"), &mut rng, &mut ev)
+            .0,
         Check::FailFast { .. }
     ));
     // A different cluster is unaffected.
     assert!(matches!(
-        vm[2].check(&store, T0 + 100, &to("b"), &mut rng, &mut ev),
+        vm[2].check(&store, T0 + 100, &to("b"), &mut rng, &mut ev).0,
         Check::Pass(_)
     ));
 }
@@ -362,7 +364,7 @@ fn probes_across_vms(remembering: bool) {
     let mut rng = SplitMix(7);
     let mut ev = Vec::new();
     for _ in 0..10 {
-        let Check::Pass(t) = vm[0].check(&*views[0], T0, &to("a"), &mut rng, &mut ev) else {
+        let Check::Pass(t) = vm[0].check(&*views[0], T0, &to("a"), &mut rng, &mut ev).0 else {
             panic!()
         };
         vm[0].record(
@@ -378,7 +380,10 @@ fn probes_across_vms(remembering: bool) {
     let mut probes = Vec::new();
     for round in 0..5 {
         for (v, view) in vm.iter_mut().zip(&views) {
-            if let Check::Pass(t) = v.check(&**view, later + round, &to("a"), &mut rng, &mut ev) {
+            if let Check::Pass(t) = v
+                .check(&**view, later + round, &to("a"), &mut rng, &mut ev)
+                .0
+            {
                 probes.push(t);
             }
         }
@@ -395,13 +400,15 @@ fn probes_across_vms(remembering: bool) {
     );
     assert!(ev.iter().any(|e| e.transition == Transition::Closed));
     assert!(matches!(
-        vm[3].check(
-            &*views[3],
-            later + 10 + SYNC_MS,
-            &to("a"),
-            &mut rng,
-            &mut ev
-        ),
+        vm[3]
+            .check(
+                &*views[3],
+                later + 10 + SYNC_MS,
+                &to("a"),
+                &mut rng,
+                &mut ev
+            )
+            .0,
         Check::Pass(_)
     ));
 }
@@ -412,7 +419,10 @@ fn successes_are_batched_and_ignored_outcomes_do_not_count() {
     let mut rng = SplitMix(8);
     let mut ev = Vec::new();
     for i in 0..100 {
-        let Check::Pass(t) = vm[0].check(&store, T0 + i / 10, &to("a"), &mut rng, &mut ev) else {
+        let Check::Pass(t) = vm[0]
+            .check(&store, T0 + i / 10, &to("a"), &mut rng, &mut ev)
+            .0
+        else {
             panic!()
         };
         vm[0].record(

@@ -59,8 +59,6 @@ pub struct Bulkheads {
     max_retries: u32,
     /// Decrements that failed, retried on the next tick.
     retry: Vec<(usize, u32)>,
-    /// Store errors and corrupt slots seen (for metrics).
-    pub store_failures: u64,
 }
 
 fn state_id(domain: &str, spec: &LimitSpec) -> u32 {
@@ -97,7 +95,6 @@ impl Bulkheads {
             seed,
             max_retries: common.max_cas_retries,
             retry: Vec::new(),
-            store_failures: 0,
         })
     }
 
@@ -132,11 +129,12 @@ impl Bulkheads {
         Ok(())
     }
 
-    /// Admits the request at limit `b` if its key has a place.
-    pub fn admit(&mut self, store: &dyn Store, b: usize, req: &dyn RequestView) -> Admission {
+    /// Admits the request at limit `b` if its key has a place; with the
+    /// store failures met (see `take`).
+    pub fn admit(&self, store: &dyn Store, b: usize, req: &dyn RequestView) -> (Admission, u32) {
         match self.place_of(b, req) {
             Some(slot) => self.take(store, b, slot),
-            None => Admission::Free,
+            None => (Admission::Free, 0),
         }
     }
 
@@ -154,18 +152,20 @@ impl Bulkheads {
         Some(p.slots().first().copied().unwrap_or(0))
     }
 
-    /// Takes a place in slot `slot` of limit `b` if it has one free.
-    pub fn take(&mut self, store: &dyn Store, b: usize, slot: u32) -> Admission {
+    /// Takes a place in slot `slot` of limit `b` if it has one free; with
+    /// the store failures met (corrupt counts, read as 0; an update that
+    /// failed, which lets the request in without a place).
+    pub fn take(&self, store: &dyn Store, b: usize, slot: u32) -> (Admission, u32) {
         let Some(max) = self.rules.get(b).map(|r| r.spec.max) else {
-            return Admission::Free;
+            return (Admission::Free, 0);
         };
         let key = self.slot_key(b, slot);
-        let failures = &mut self.store_failures;
+        let mut failures = 0;
         let got = update(store, &key, self.max_retries, |found| {
             let n = found
                 .map_or(Ok(0), |e| codec::decode(&e.bytes))
                 .unwrap_or_else(|_| {
-                    *failures += 1;
+                    failures += 1;
                     0
                 });
             if n >= max {
@@ -175,22 +175,21 @@ impl Bulkheads {
             }
         });
         match got {
-            Ok(true) => Admission::Holds { slot },
-            Ok(false) => Admission::Full,
-            Err(_) => {
-                self.store_failures += 1;
-                Admission::Free
-            }
+            Ok(true) => (Admission::Holds { slot }, failures),
+            Ok(false) => (Admission::Full, failures),
+            Err(_) => (Admission::Free, failures + 1),
         }
     }
 
     /// Gives slot `slot` of limit `b` back (exactly once per admission: the
-    /// caller forgets it); a failed decrement is kept and retried.
-    pub fn release(&mut self, store: &dyn Store, b: usize, slot: u32) {
+    /// caller forgets it); a failed decrement is kept and retried. Returns
+    /// the store failures met (1 if the decrement failed).
+    pub fn release(&mut self, store: &dyn Store, b: usize, slot: u32) -> u32 {
         if self.decrement(store, b, slot).is_err() {
-            self.store_failures += 1;
             self.retry.push((b, slot));
+            return 1;
         }
+        0
     }
 
     /// Retries failed decrements (on every tick).

@@ -40,7 +40,7 @@ pub const METRICS: &[Declared] = &[
 ];
 
 /// Metric ids of one limit (labels `domain`, `limit`).
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(super) struct OneLimit {
     pub admitted: MetricId,
     pub limited: MetricId,
@@ -120,14 +120,24 @@ pub fn build(
 }
 
 impl BulkheadStage {
-    pub(super) fn m(&self, b: usize) -> OneLimit {
-        self.metrics.get(b).copied().unwrap_or_default()
+    /// Adds `by` to the metric `which` picks among limit `b`'s (a limit
+    /// not in the configuration has none to count).
+    pub(super) fn count(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        b: usize,
+        which: impl Fn(&OneLimit) -> MetricId,
+        by: i64,
+    ) {
+        if let Some(m) = self.metrics.get(b) {
+            cx.add(which(m), by);
+        }
     }
 
-    pub(super) fn count_failures(&self, cx: &mut Cx<'_, '_>, before: u64) {
-        let n = self.bulkheads.store_failures - before;
+    /// Counts the store failures a call on the limits met.
+    pub(super) fn count_failures(&self, cx: &mut Cx<'_, '_>, n: u32) {
         if n > 0 {
-            cx.add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
+            cx.add(self.store_failures, i64::from(n));
         }
     }
 
@@ -142,9 +152,8 @@ impl BulkheadStage {
         b: usize,
         slot: Option<u32>,
     ) -> Took {
-        let m = self.m(b);
         let Some(slot) = slot else {
-            cx.add(m.admitted, 1);
+            self.count(cx, b, |m| m.admitted, 1);
             return Took::Yes;
         };
         let wait = self.bulkheads.rules.get(b).and_then(|r| r.spec.wait);
@@ -155,23 +164,25 @@ impl BulkheadStage {
         let got = if queued > 0 {
             Admission::Full
         } else {
-            self.bulkheads.take(cx.store(), b, slot)
+            let (got, failed) = self.bulkheads.take(cx.store(), b, slot);
+            self.count_failures(cx, failed);
+            got
         };
         match got {
             Admission::Holds { slot } => {
                 self.held.entry(id).or_default().push((b, slot));
-                cx.add(m.admitted, 1);
-                cx.add(m.in_flight, 1);
+                self.count(cx, b, |m| m.admitted, 1);
+                self.count(cx, b, |m| m.in_flight, 1);
                 Took::Yes
             }
             Admission::Free => {
-                cx.add(m.admitted, 1);
+                self.count(cx, b, |m| m.admitted, 1);
                 Took::Yes
             }
             Admission::Full => match wait {
                 Some(w) if queued < w.queue as usize => Took::Wait,
                 _ => {
-                    cx.add(m.limited, 1);
+                    self.count(cx, b, |m| m.limited, 1);
                     Took::No
                 }
             },
@@ -235,7 +246,7 @@ impl BulkheadStage {
     /// Puts a waiter in its place's line.
     pub(super) fn park(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, w: Pending) {
         if let Some((b, _)) = w.place() {
-            cx.add(self.m(b).queued, 1);
+            self.count(cx, b, |m| m.queued, 1);
         }
         self.queues.push(cx, id, w);
         cx.tick_changed = true;
@@ -250,7 +261,6 @@ impl Stage for BulkheadStage {
     }
 
     fn request(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, req: &dyn RequestView) -> Decision {
-        let before = self.bulkheads.store_failures;
         for b in 0..self.bulkheads.rules.len() {
             let Some(rule) = self.bulkheads.rules.get(b) else {
                 continue;
@@ -263,11 +273,9 @@ impl Stage for BulkheadStage {
                 Took::Yes => {}
                 Took::Wait => {
                     self.wait(cx, id, (b, slot), req);
-                    self.count_failures(cx, before);
                     return Decision::of(Step::Pause, true);
                 }
                 Took::No => {
-                    self.count_failures(cx, before);
                     // Slots taken at earlier limits go back at once.
                     self.release(cx, id);
                     return match self.rejection(cx, b) {
@@ -277,7 +285,6 @@ impl Stage for BulkheadStage {
                 }
             }
         }
-        self.count_failures(cx, before);
         Decision::of(Step::Continue, self.held.contains_key(&id))
     }
 

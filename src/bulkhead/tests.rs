@@ -27,13 +27,13 @@ fn a_key_holds_at_most_max_and_a_release_makes_room_exactly_once() {
     let mut b = limits(PER_TENANT);
     let store = MemoryStore::default();
     b.create(&store).expect("created");
-    let a1 = b.admit(&store, 0, &tenant("a"));
-    let a2 = b.admit(&store, 0, &tenant("a"));
+    let a1 = b.admit(&store, 0, &tenant("a")).0;
+    let a2 = b.admit(&store, 0, &tenant("a")).0;
     assert!(matches!(a1, Admission::Holds { .. }) && a1 == a2);
-    assert_eq!(b.admit(&store, 0, &tenant("a")), Admission::Full);
+    assert_eq!(b.admit(&store, 0, &tenant("a")).0, Admission::Full);
     // Another tenant is not slowed (unless it shares the slot: not these).
     assert!(matches!(
-        b.admit(&store, 0, &tenant("b")),
+        b.admit(&store, 0, &tenant("b")).0,
         Admission::Holds { .. }
     ));
     let Admission::Holds { slot } = a1 else {
@@ -42,7 +42,7 @@ fn a_key_holds_at_most_max_and_a_release_makes_room_exactly_once() {
     b.release(&store, 0, slot);
     assert_eq!(b.in_flight(&store, 0, slot), 1);
     assert!(matches!(
-        b.admit(&store, 0, &tenant("a")),
+        b.admit(&store, 0, &tenant("a")).0,
         Admission::Holds { .. }
     ));
 }
@@ -63,7 +63,7 @@ fn property_never_more_than_max_in_flight_across_workers_and_all_come_back() {
                 if rng.below(2) == 0 || flying.is_empty() {
                     let t = rng.below(5);
                     if let Admission::Holds { slot } =
-                        vms[w].admit(&*stores[w], 0, &tenant(&t.to_string()))
+                        vms[w].admit(&*stores[w], 0, &tenant(&t.to_string())).0
                     {
                         flying.push((w, t, slot));
                     }
@@ -94,7 +94,7 @@ fn a_failed_release_is_retried_so_the_limit_never_shrinks() {
     let mut b = limits(PER_TENANT);
     let store = MemoryStore::default();
     b.create(&store).expect("created");
-    let Admission::Holds { slot } = b.admit(&store, 0, &tenant("a")) else {
+    let Admission::Holds { slot } = b.admit(&store, 0, &tenant("a")).0 else {
         panic!("admitted")
     };
     store.fail_all.set(true);
@@ -107,16 +107,17 @@ fn a_failed_release_is_retried_so_the_limit_never_shrinks() {
 
 #[test]
 fn missing_keys_skip_the_limit_and_a_store_failure_fails_open() {
-    let mut b = limits(PER_TENANT);
+    let b = limits(PER_TENANT);
     let store = MemoryStore::default();
     b.create(&store).expect("created");
     assert_eq!(
-        b.admit(&store, 0, &FakeRequest::new("GET", "/")),
+        b.admit(&store, 0, &FakeRequest::new("GET", "/")).0,
         Admission::Free
     );
     store.fail_all.set(true);
-    assert_eq!(b.admit(&store, 0, &tenant("a")), Admission::Free);
-    assert_eq!(b.store_failures, 1);
+    let (got, store_failures) = b.admit(&store, 0, &tenant("a"));
+    assert_eq!(got, Admission::Free);
+    assert_eq!(store_failures, 1);
 }
 
 #[test]

@@ -22,18 +22,17 @@ impl BulkheadStage {
             let Some(slots) = self.held.remove(&id) else {
                 continue;
             };
-            let before = self.bulkheads.store_failures;
             for (b, slot) in slots {
-                cx.add(self.m(b).in_flight, -1);
+                self.count(cx, b, |m| m.in_flight, -1);
                 if !self.queues.is_empty() {
                     if let Some((w_id, w)) = self.first_waiter(cx, (b, slot), &mut refused) {
                         refused.extend(self.granted(cx, w_id, w, true));
                         continue;
                     }
                 }
-                self.bulkheads.release(cx.store(), b, slot);
+                let failed = self.bulkheads.release(cx.store(), b, slot);
+                self.count_failures(cx, failed);
             }
-            self.count_failures(cx, before);
         }
     }
 
@@ -70,12 +69,11 @@ impl BulkheadStage {
         holds: bool,
     ) -> Option<StreamId> {
         if let Some((b, slot)) = w.place() {
-            let m = self.m(b);
-            cx.add(m.queued, -1);
-            cx.add(m.queued_admitted, 1);
+            self.count(cx, b, |m| m.queued, -1);
+            self.count(cx, b, |m| m.queued_admitted, 1);
             if holds {
                 self.held.entry(id).or_default().push((b, slot));
-                cx.add(m.in_flight, 1);
+                self.count(cx, b, |m| m.in_flight, 1);
             }
         }
         cx.tick_changed = true;
@@ -109,9 +107,8 @@ impl BulkheadStage {
         let Some((b, _)) = w.place() else {
             return;
         };
-        let m = self.m(b);
-        cx.add(m.queued, -1);
-        cx.add(m.timed_out, 1);
+        self.count(cx, b, |m| m.queued, -1);
+        self.count(cx, b, |m| m.timed_out, 1);
         let rejection = if w.by_deadline {
             let name = self.bulkheads.rules.get(b).map_or("", |r| &r.spec.name);
             Some(cx.deadline_answer(id, &format!("bulkhead/{name}")))
@@ -130,7 +127,7 @@ impl BulkheadStage {
     /// Takes a waiting stream out of line (its client went away).
     pub(super) fn cancel(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
         if let Some((b, _)) = self.queues.cancel(cx, id).and_then(|w| w.place()) {
-            cx.add(self.m(b).queued, -1);
+            self.count(cx, b, |m| m.queued, -1);
             cx.tick_changed = true;
         }
     }
@@ -139,17 +136,19 @@ impl BulkheadStage {
     /// answered already, see `timed_out`): lets in, first come first
     /// served, as many at each place as the shared count has room for.
     pub(super) fn wake(&mut self, cx: &mut Cx<'_, '_>) {
-        let before = self.bulkheads.store_failures;
         for (b, slot) in self.queues.places(cx) {
             while self.queues.waiting_at(cx, (b, slot)) > 0 {
-                let holds = match self.bulkheads.take(cx.store(), b, slot) {
+                let (got, failed) = self.bulkheads.take(cx.store(), b, slot);
+                self.count_failures(cx, failed);
+                let holds = match got {
                     Admission::Full => break,
                     Admission::Holds { .. } => true,
                     Admission::Free => false,
                 };
                 let Some((id, w)) = self.queues.pop(cx, (b, slot)) else {
                     if holds {
-                        self.bulkheads.release(cx.store(), b, slot);
+                        let failed = self.bulkheads.release(cx.store(), b, slot);
+                        self.count_failures(cx, failed);
                     }
                     break;
                 };
@@ -158,7 +157,6 @@ impl BulkheadStage {
                 }
             }
         }
-        self.count_failures(cx, before);
         cx.tick_changed = true;
     }
 }

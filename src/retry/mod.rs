@@ -111,8 +111,6 @@ pub struct Budgets {
     /// First tries counted here and not yet merged into the shared state.
     pending: Vec<u64>,
     max_retries: u32,
-    /// Store errors and corrupt states seen (for metrics).
-    pub store_failures: u64,
 }
 
 fn state_id(domain: &str, spec: &BudgetSpec) -> u32 {
@@ -138,7 +136,6 @@ impl Budgets {
             pending: vec![0; rules.len()],
             rules,
             max_retries: common.max_cas_retries,
-            store_failures: 0,
         })
     }
 
@@ -174,59 +171,64 @@ impl Budgets {
         }
     }
 
-    /// Decides on a retry; returns the verdict and the ratio of retries to
-    /// first tries it saw, in permille.
-    pub fn retry(&mut self, store: &dyn Store, now_ms: u64, b: usize) -> (RetryVerdict, u64) {
+    /// Decides on a retry; returns the verdict, the ratio of retries to
+    /// first tries it saw, in permille, and the store failures it met (a
+    /// corrupt state replaced; an update that failed, which admits it).
+    pub fn retry(&mut self, store: &dyn Store, now_ms: u64, b: usize) -> (RetryVerdict, u64, u32) {
         let Some(spec) = self.rules.get(b).map(|r| r.spec.clone()) else {
-            return (RetryVerdict::Admit, 0);
+            return (RetryVerdict::Admit, 0, 0);
         };
         match self.change(store, now_ms, b, true) {
-            Ok((admitted, c)) => {
+            (Ok((admitted, c)), failures) => {
                 let verdict = if admitted {
                     RetryVerdict::Admit
                 } else {
                     RetryVerdict::Refuse
                 };
-                (verdict, ratio_permille(&c, now_ms, spec.window_ms))
+                (
+                    verdict,
+                    ratio_permille(&c, now_ms, spec.window_ms),
+                    failures,
+                )
             }
-            Err(_) => {
-                self.store_failures += 1;
-                (RetryVerdict::Admit, 0)
-            }
+            (Err(_), failures) => (RetryVerdict::Admit, 0, failures + 1),
         }
     }
 
-    /// Merges this VM's first tries into the shared state (on every tick).
-    pub fn flush(&mut self, store: &dyn Store, now_ms: u64) {
+    /// Merges this VM's first tries into the shared state (on every tick);
+    /// returns the store failures it met.
+    pub fn flush(&mut self, store: &dyn Store, now_ms: u64) -> u32 {
+        let mut failures = 0;
         for b in 0..self.rules.len() {
-            if self.pending.get(b).is_some_and(|&p| p > 0)
-                && self.change(store, now_ms, b, false).is_err()
-            {
-                self.store_failures += 1;
+            if self.pending.get(b).is_some_and(|&p| p > 0) {
+                let (result, corrupt) = self.change(store, now_ms, b, false);
+                failures += corrupt + u32::from(result.is_err());
             }
         }
+        failures
     }
 
     /// One compare-and-swap on budget `b`'s counts: merges the pending
     /// first tries and, for a retry, admits it if it fits. Returns whether
-    /// the retry was admitted, and the counts written (or found).
+    /// the retry was admitted, and the counts written (or found); with the
+    /// corrupt states it replaced.
     fn change(
         &mut self,
         store: &dyn Store,
         now_ms: u64,
         b: usize,
         retry: bool,
-    ) -> Result<(bool, Counts), StoreError> {
+    ) -> (Result<(bool, Counts), StoreError>, u32) {
         let (Some(rule), Some(&pending)) = (self.rules.get(b), self.pending.get(b)) else {
-            return Ok((true, Counts::default()));
+            return (Ok((true, Counts::default())), 0);
         };
         let spec = &rule.spec;
         let window = now_ms / spec.window_ms;
-        let failures = &mut self.store_failures;
+        let mut corrupt = 0;
         let result = update(store, &rule.key, self.max_retries, |found| {
             let old = match found {
                 Some(e) => codec::decode(&e.bytes).unwrap_or_else(|_| {
-                    *failures += 1;
+                    corrupt += 1;
                     Counts::default()
                 }),
                 None => Counts::default(),
@@ -241,10 +243,12 @@ impl Budgets {
                 return Update::Keep((false, c));
             }
             Update::Write(codec::encode(&c), (admitted, c))
-        })?;
-        if let Some(p) = self.pending.get_mut(b) {
-            *p = 0;
+        });
+        if result.is_ok() {
+            if let Some(p) = self.pending.get_mut(b) {
+                *p = 0;
+            }
         }
-        Ok(result)
+        (result, corrupt)
     }
 }

@@ -30,7 +30,7 @@ pub const METRICS: &[Declared] = &[
 ];
 
 /// Metric ids of one budget (labels `domain`, `budget`).
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 struct OneBudget {
     first_tries: MetricId,
     admitted: MetricId,
@@ -89,10 +89,10 @@ pub fn build(
 }
 
 impl RetryStage {
-    fn count_failures(&self, cx: &mut Cx<'_, '_>, before: u64) {
-        let n = self.budgets.store_failures - before;
+    /// Counts the store failures a call on the budgets met.
+    fn count_failures(&self, cx: &mut Cx<'_, '_>, n: u32) {
         if n > 0 {
-            cx.add(self.store_failures, i64::try_from(n).unwrap_or(i64::MAX));
+            cx.add(self.store_failures, i64::from(n));
         }
     }
 }
@@ -117,16 +117,17 @@ impl Stage for RetryStage {
             if !rule.spec.matcher.matches(req) {
                 continue;
             }
-            let m = self.metrics.get(b).copied().unwrap_or_default();
+            let Some(&m) = self.metrics.get(b) else {
+                continue;
+            };
             if !self.budgets.is_retry(b, req) {
                 self.budgets.first_try(b);
                 cx.add(m.first_tries, 1);
                 continue;
             }
             let now = cx.now_ms();
-            let before = self.budgets.store_failures;
-            let (verdict, ratio) = self.budgets.retry(cx.store(), now, b);
-            self.count_failures(cx, before);
+            let (verdict, ratio, failed) = self.budgets.retry(cx.store(), now, b);
+            self.count_failures(cx, failed);
             cx.record(m.ratio, ratio);
             if verdict == RetryVerdict::Refuse {
                 cx.add(m.refused, 1);
@@ -144,8 +145,7 @@ impl Stage for RetryStage {
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         let now = cx.now_ms();
-        let before = self.budgets.store_failures;
-        self.budgets.flush(cx.store(), now);
-        self.count_failures(cx, before);
+        let failed = self.budgets.flush(cx.store(), now);
+        self.count_failures(cx, failed);
     }
 }

@@ -123,7 +123,9 @@ fn property_workers_never_spend_the_same_allowance() {
                         vms[w].first_try(0);
                         tries += 1;
                     }
-                    1 => vms[w].flush(&*stores[w], now),
+                    1 => {
+                        vms[w].flush(&*stores[w], now);
+                    }
                     _ => {
                         if vms[w].retry(&*stores[w], now, 0).0 == RetryVerdict::Admit {
                             admitted += 1;
@@ -161,8 +163,9 @@ fn counts_round_trip_and_corruption_is_counted_and_replaced() {
     let store = MemoryStore::default();
     b.create(&store).expect("created");
     store.raw_set(&b.rules[0].key, b"junk");
-    assert_eq!(b.retry(&store, T0 * 1000, 0).0, RetryVerdict::Admit);
-    assert_eq!(b.store_failures, 1);
+    let (verdict, _, store_failures) = b.retry(&store, T0 * 1000, 0);
+    assert_eq!(verdict, RetryVerdict::Admit);
+    assert_eq!(store_failures, 1);
 }
 
 #[test]

@@ -50,7 +50,8 @@ impl Breakers {
     }
 
     /// Checks every matching breaker. A request failing fast at one breaker
-    /// gives back any probe it claimed at another.
+    /// gives back any probe it claimed at another. Returns the verdict and
+    /// the store failures met.
     pub fn check(
         &mut self,
         store: &dyn Store,
@@ -58,8 +59,9 @@ impl Breakers {
         req: &dyn RequestView,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
-    ) -> Check {
+    ) -> (Check, u32) {
         let mut tickets = Vec::new();
+        let mut failures = 0;
         for b in 0..self.rules.len() {
             let Some(rule) = self.rules.get(b) else {
                 continue;
@@ -71,46 +73,62 @@ impl Breakers {
                 continue;
             };
             let spec = rule.spec.clone();
-            let (retry_after_ms, half_open) =
-                match self.check_one(store, now_ms, (b, key), &value, &spec, events) {
-                    One::Pass(Some(t)) if spec.graded.is_some() => {
-                        let p = self
-                            .local
-                            .get(&(b, key))
-                            .map_or(0, |l| l.state.reject_permille(&spec, now_ms));
-                        if p > 0 && rng.below(1000) < u64::from(p) {
-                            for t in tickets {
-                                self.record(store, now_ms, t, CallOutcome::Ignored, rng, events);
-                            }
-                            return Check::Throttle {
-                                breaker: b,
-                                reject_permille: p,
-                            };
-                        }
-                        tickets.push(t);
-                        continue;
+            let (one, failed) = self.check_one(store, now_ms, (b, key), &value, &spec, events);
+            failures += failed;
+            let (retry_after_ms, half_open) = match one {
+                One::Pass(Some(t)) if spec.graded.is_some() => {
+                    let p = self
+                        .local
+                        .get(&(b, key))
+                        .map_or(0, |l| l.state.reject_permille(&spec, now_ms));
+                    if p > 0 && rng.below(1000) < u64::from(p) {
+                        failures += self.give_back(store, now_ms, tickets, rng, events);
+                        let throttle = Check::Throttle {
+                            breaker: b,
+                            reject_permille: p,
+                        };
+                        return (throttle, failures);
                     }
-                    One::Pass(t) => {
-                        tickets.extend(t);
-                        continue;
-                    }
-                    One::Open { retry_after_ms } => (retry_after_ms, false),
-                    One::NoProbeLeft => (0, true),
-                    One::StoreDown => (STORE_DOWN_RETRY_MS, false),
-                };
-            for t in tickets {
-                self.record(store, now_ms, t, CallOutcome::Ignored, rng, events);
-            }
-            return Check::FailFast {
+                    tickets.push(t);
+                    continue;
+                }
+                One::Pass(t) => {
+                    tickets.extend(t);
+                    continue;
+                }
+                One::Open { retry_after_ms } => (retry_after_ms, false),
+                One::NoProbeLeft => (0, true),
+                One::StoreDown => (STORE_DOWN_RETRY_MS, false),
+            };
+            failures += self.give_back(store, now_ms, tickets, rng, events);
+            let fail_fast = Check::FailFast {
                 breaker: b,
                 retry_after_ms: retry_after_ms.max(1),
                 half_open,
             };
+            return (fail_fast, failures);
         }
-        Check::Pass(tickets)
+        (Check::Pass(tickets), failures)
     }
 
-    /// One breaker key's verdict on a request.
+    /// Gives back what a refused request claimed at other breakers (its
+    /// tickets' probes); returns the store failures met.
+    fn give_back(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        tickets: Vec<Ticket>,
+        rng: &mut SplitMix,
+        events: &mut Vec<Event>,
+    ) -> u32 {
+        let mut failures = 0;
+        for t in tickets {
+            failures += self.record(store, now_ms, t, CallOutcome::Ignored, rng, events);
+        }
+        failures
+    }
+
+    /// One breaker key's verdict on a request, with the store failures met.
     fn check_one(
         &mut self,
         store: &dyn Store,
@@ -119,20 +137,19 @@ impl Breakers {
         value: &[u8],
         spec: &BreakerSpec,
         events: &mut Vec<Event>,
-    ) -> One {
+    ) -> (One, u32) {
         if !self.track(b, key, value, spec, now_ms) {
-            return One::Pass(None); // beyond max_keys: not tracked, passes
+            return (One::Pass(None), 0); // beyond max_keys: not tracked, passes
         }
         if self.refresh(store, b, key, now_ms).is_err() {
-            self.store_failures += 1;
-            return One::store_down(spec);
+            return (One::store_down(spec), 1);
         }
         let state = self
             .local
             .get(&(b, key))
             .map(|l| l.state)
             .unwrap_or_default();
-        match state.admit(spec, now_ms) {
+        let one = match state.admit(spec, now_ms) {
             Admit::Pass => One::Pass(Some(Ticket {
                 breaker: b,
                 key,
@@ -141,7 +158,8 @@ impl Breakers {
             })),
             Admit::FailFast { .. } if state.phase == Phase::HalfOpen => One::NoProbeLeft,
             Admit::FailFast { retry_after_ms } => One::Open { retry_after_ms },
-            Admit::TryProbe => self.probe(store, now_ms, (b, key), spec, events),
-        }
+            Admit::TryProbe => return self.probe(store, now_ms, (b, key), spec, events),
+        };
+        (one, 0)
     }
 }

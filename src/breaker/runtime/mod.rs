@@ -94,8 +94,6 @@ pub struct Breakers {
     /// Keyed by breaker and key hash (a keyed SipHash: not chosen by clients).
     local: FastMap<(usize, u64), Cached>,
     tracked: Vec<u32>,
-    /// Counts of store errors and corrupt states seen (for metrics).
-    pub store_failures: u64,
 }
 
 /// The breaker's state id: its name, its key and every setting of its
@@ -150,7 +148,6 @@ impl Breakers {
             max_retries: common.max_cas_retries,
             local: FastMap::default(),
             tracked,
-            store_failures: 0,
         })
     }
 

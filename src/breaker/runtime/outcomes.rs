@@ -9,7 +9,7 @@ use crate::rng::SplitMix;
 use crate::store::{Store, StoreError};
 
 impl Breakers {
-    /// Reports a ticket's outcome.
+    /// Reports a ticket's outcome; returns the store failures it met.
     pub fn record(
         &mut self,
         store: &dyn Store,
@@ -18,9 +18,9 @@ impl Breakers {
         outcome: CallOutcome,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
-    ) {
+    ) -> u32 {
         let Some(spec) = self.rules.get(t.breaker).map(|r| r.spec.clone()) else {
-            return;
+            return 0;
         };
         if t.probe {
             let result = self.update(store, t.breaker, t.key, |s| match outcome {
@@ -31,18 +31,19 @@ impl Breakers {
                     None
                 }
             });
-            self.finish(t.breaker, t.key, now_ms, result, events);
-            return;
+            return self.finish((t.breaker, t.key), now_ms, result, events);
         }
         let Some(local) = self.local.get_mut(&(t.breaker, t.key)) else {
-            return;
+            return 0;
         };
         match outcome {
-            CallOutcome::Ignored => {}
+            CallOutcome::Ignored => 0,
             CallOutcome::Success => {
                 local.pending = local.pending.saturating_add(1);
                 if now_ms.saturating_sub(local.flushed_ms) >= SYNC_MS {
-                    self.flush_one(store, now_ms, (t.breaker, t.key), 0, rng, events);
+                    self.flush_one(store, now_ms, (t.breaker, t.key), 0, rng, events)
+                } else {
+                    0
                 }
             }
             CallOutcome::Failure => {
@@ -51,6 +52,8 @@ impl Breakers {
         }
     }
 
+    /// Merges a key's successes counted locally, and `failures`; returns
+    /// the store failures it met.
     fn flush_one(
         &mut self,
         store: &dyn Store,
@@ -59,60 +62,77 @@ impl Breakers {
         failures: u32,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
-    ) {
+    ) -> u32 {
         let Some(spec) = self.rules.get(b).map(|r| r.spec.clone()) else {
-            return;
+            return 0;
         };
         let Some(local) = self.local.get_mut(&(b, key)) else {
-            return;
+            return 0;
         };
         let successes = std::mem::take(&mut local.pending);
         local.flushed_ms = now_ms;
         let result = self.update(store, b, key, |s| {
             s.record(&spec, now_ms, successes, failures, rng)
         });
-        self.finish(b, key, now_ms, result, events);
+        self.finish((b, key), now_ms, result, events)
     }
 
+    /// Settles an update of a key's shared state (see `update`); returns
+    /// the store failures it met.
     fn finish(
         &mut self,
-        b: usize,
-        key: u64,
+        (b, key): (usize, u64),
         now_ms: u64,
-        result: Result<(State, Option<Transition>), StoreError>,
+        (result, corrupt): (Result<(State, Option<Transition>), StoreError>, u32),
         events: &mut Vec<Event>,
-    ) {
+    ) -> u32 {
         match result {
             Ok((s, transition)) => {
-                self.remember(b, key, s, now_ms);
-                if let Some(t) = transition {
-                    events.push(Event {
-                        breaker: b,
-                        key,
-                        transition: t,
-                    });
-                }
+                self.settle((b, key), now_ms, s, transition, events);
+                corrupt
             }
-            Err(_) => self.store_failures += 1,
+            Err(_) => corrupt + 1,
         }
     }
 
-    /// Merges successes counted locally for at least `SYNC_MS` (call on a tick).
+    /// Remembers a key's new state and reports the transition it made.
+    pub(super) fn settle(
+        &mut self,
+        (b, key): (usize, u64),
+        now_ms: u64,
+        s: State,
+        transition: Option<Transition>,
+        events: &mut Vec<Event>,
+    ) {
+        self.remember(b, key, s, now_ms);
+        if let Some(t) = transition {
+            events.push(Event {
+                breaker: b,
+                key,
+                transition: t,
+            });
+        }
+    }
+
+    /// Merges successes counted locally for at least `SYNC_MS` (call on a
+    /// tick); returns the store failures it met.
     pub fn flush(
         &mut self,
         store: &dyn Store,
         now_ms: u64,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
-    ) {
+    ) -> u32 {
         let due: Vec<(usize, u64)> = self
             .local
             .iter()
             .filter(|(_, l)| l.pending > 0 && now_ms.saturating_sub(l.flushed_ms) >= SYNC_MS)
             .map(|(k, _)| *k)
             .collect();
+        let mut failures = 0;
         for (b, key) in due {
-            self.flush_one(store, now_ms, (b, key), 0, rng, events);
+            failures += self.flush_one(store, now_ms, (b, key), 0, rng, events);
         }
+        failures
     }
 }

@@ -8,7 +8,8 @@ use crate::breaker::{Admit, BreakerSpec, Phase};
 use crate::store::Store;
 
 impl Breakers {
-    /// Claims a probe of a half-open (or due) key across the VMs.
+    /// Claims a probe of a half-open (or due) key across the VMs; with
+    /// the store failures it met.
     pub(super) fn probe(
         &mut self,
         store: &dyn Store,
@@ -16,17 +17,11 @@ impl Breakers {
         (b, key): (usize, u64),
         spec: &BreakerSpec,
         events: &mut Vec<Event>,
-    ) -> One {
-        match self.update(store, b, key, |s| s.claim_probe(spec, now_ms)) {
+    ) -> (One, u32) {
+        let (result, mut failures) = self.update(store, b, key, |s| s.claim_probe(spec, now_ms));
+        let one = match result {
             Ok((s, Ok(transition))) => {
-                self.remember(b, key, s, now_ms);
-                if let Some(t) = transition {
-                    events.push(Event {
-                        breaker: b,
-                        key,
-                        transition: t,
-                    });
-                }
+                self.settle((b, key), now_ms, s, transition, events);
                 One::Pass(Some(Ticket {
                     breaker: b,
                     key,
@@ -44,9 +39,10 @@ impl Breakers {
                 }
             }
             Err(_) => {
-                self.store_failures += 1;
+                failures += 1;
                 One::store_down(spec)
             }
-        }
+        };
+        (one, failures)
     }
 }

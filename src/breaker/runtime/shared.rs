@@ -14,20 +14,21 @@ impl Breakers {
     }
 
     /// Reads, changes and writes one key's shared state with CAS, retrying
-    /// conflicts; returns the new state and `f`'s result.
+    /// conflicts; returns the new state and `f`'s result, with the corrupt
+    /// states it replaced (store failures).
     pub(super) fn update<R>(
-        &mut self,
+        &self,
         store: &dyn Store,
         breaker: usize,
         key: u64,
         mut f: impl FnMut(&mut State) -> R,
-    ) -> Result<(State, R), StoreError> {
+    ) -> (Result<(State, R), StoreError>, u32) {
         let name = self.shared_key(breaker, key);
-        let failures = &mut self.store_failures;
-        update(store, &name, self.max_retries, |found| {
+        let mut corrupt = 0;
+        let result = update(store, &name, self.max_retries, |found| {
             let old = match found {
                 Some(e) => decode(&e.bytes).unwrap_or_else(|_| {
-                    *failures += 1;
+                    corrupt += 1;
                     State::new()
                 }),
                 None => State::new(),
@@ -39,7 +40,8 @@ impl Breakers {
             } else {
                 Update::Write(encode(&new), (new, r))
             }
-        })
+        });
+        (result, corrupt)
     }
 
     pub(super) fn remember(&mut self, breaker: usize, key: u64, state: State, now_ms: u64) {

@@ -5,18 +5,18 @@
 //! and the part the request path feeds.
 
 use super::codec::{self, Want};
-use super::{oldest_first, Coordinator, Key, MAX_KEYS, MAX_LOCAL_KEYS};
+use super::{oldest_first, Coordinator, Key, RuleId, MAX_KEYS, MAX_LOCAL_KEYS};
 use crate::hash::FastMap;
 use crate::store::{Store, StoreError};
 
 impl Coordinator {
     /// Whether the request path must read the key's parts to note its
     /// demand (the first time in a report interval).
-    pub fn knows(&self, g: usize, fingerprint: u64) -> bool {
-        self.local.contains_key(&(g as u8, fingerprint))
+    pub fn knows(&self, id: RuleId, fingerprint: u64) -> bool {
+        self.local.contains_key(&(id, fingerprint))
     }
 
-    /// Notes that a request wanted a token of global rule `g` for a key;
+    /// Notes that a request wanted a token of global rule `id` for a key;
     /// `values` reads the key's parts (called only for a key not yet noted
     /// since the last report). A key found without tokens (`starved`, not
     /// over its limit) asks for the demand to be reported on the next fast
@@ -25,7 +25,7 @@ impl Coordinator {
     /// Demand is counted in tokens (`cost`), as batches are.
     pub fn note(
         &mut self,
-        g: usize,
+        id: RuleId,
         fingerprint: u64,
         starved: bool,
         cost: u64,
@@ -33,7 +33,7 @@ impl Coordinator {
     ) {
         self.cold |= starved;
         let cost = u32::try_from(cost).unwrap_or(u32::MAX);
-        if let Some(w) = self.local.get_mut(&(g as u8, fingerprint)) {
+        if let Some(w) = self.local.get_mut(&(id, fingerprint)) {
             w.count = w.count.saturating_add(cost);
             return;
         }
@@ -41,9 +41,9 @@ impl Coordinator {
             return;
         }
         self.local.insert(
-            (g as u8, fingerprint),
+            (id, fingerprint),
             Want {
-                rule: g as u8,
+                rule: id.0,
                 fingerprint,
                 count: cost,
                 // Cut here, not only when encoded: a VM keeps no more.
@@ -74,10 +74,10 @@ impl Coordinator {
                 Ok(None) => (Vec::new(), None),
                 Err(_) => return false,
             };
-            let mut at: FastMap<(u8, u64), usize> = merged
+            let mut at: FastMap<(RuleId, u64), usize> = merged
                 .iter()
                 .enumerate()
-                .map(|(i, w)| ((w.rule, w.fingerprint), i))
+                .map(|(i, w)| ((RuleId(w.rule), w.fingerprint), i))
                 .collect();
             for (k, w) in &self.local {
                 match at.get(k).and_then(|&i| merged.get_mut(i)) {
@@ -92,11 +92,11 @@ impl Coordinator {
             match store.set(&self.want_key, &bytes, cas) {
                 Ok(()) => {
                     // What did not fit waits here for the next report.
-                    let kept: FastMap<(u8, u64), Want> = left_out
+                    let kept: FastMap<(RuleId, u64), Want> = left_out
                         .iter()
                         .filter_map(|&i| merged.get(i))
                         .filter_map(|w| {
-                            let k = (w.rule, w.fingerprint);
+                            let k = (RuleId(w.rule), w.fingerprint);
                             self.local.get(&k).map(|l| (k, l.clone()))
                         })
                         .collect();
@@ -112,7 +112,7 @@ impl Coordinator {
 
     /// Moves the shared demand record into the leader's keys.
     /// Takes the demand the VMs reported; the keys it was for.
-    pub(super) fn take_demand(&mut self, store: &dyn Store, now_ms: u64) -> Vec<(u8, u64)> {
+    pub(super) fn take_demand(&mut self, store: &dyn Store, now_ms: u64) -> Vec<(RuleId, u64)> {
         for _ in 0..8 {
             let (wants, cas) = match store.get(&self.want_key) {
                 Ok(Some(e)) => (codec::decode_wants(&e.bytes).unwrap_or_default(), e.cas),
@@ -124,7 +124,10 @@ impl Coordinator {
             let (empty, _) = codec::encode_wants(std::iter::empty());
             match store.set(&self.want_key, &empty, cas) {
                 Ok(()) => {
-                    let ids = wants.iter().map(|w| (w.rule, w.fingerprint)).collect();
+                    let ids = wants
+                        .iter()
+                        .map(|w| (RuleId(w.rule), w.fingerprint))
+                        .collect();
                     for w in wants {
                         self.add_demand(w, now_ms);
                     }
@@ -138,10 +141,10 @@ impl Coordinator {
     }
 
     fn add_demand(&mut self, w: Want, now_ms: u64) {
-        if usize::from(w.rule) >= self.rules.len() {
+        let key = (RuleId(w.rule), w.fingerprint);
+        if self.rule(key.0).is_none() {
             return;
         }
-        let key = (w.rule, w.fingerprint);
         if self.keys.len() >= MAX_KEYS && !self.keys.contains_key(&key) {
             self.evict();
         }
@@ -163,7 +166,7 @@ impl Coordinator {
     /// Makes room in a full key table: the tenth of the keys whose demand
     /// is oldest are forgotten (a new key is never locked out).
     fn evict(&mut self) {
-        let mut by_age: Vec<((u8, u64), u64)> = self
+        let mut by_age: Vec<((RuleId, u64), u64)> = self
             .keys
             .iter()
             .filter(|(_, k)| !k.inflight)

@@ -7,7 +7,7 @@
 
 use super::pool::Pool;
 use super::proto;
-use super::{CallResult, Coordinator, GlobalRule, Report};
+use super::{CallResult, Coordinator, GlobalRule, Report, RuleId};
 use crate::hash::FastMap;
 use crate::rng::SplitMix;
 use crate::store::{Store, StoreError};
@@ -24,10 +24,10 @@ impl Coordinator {
         &self,
         store: &dyn Store,
         now_ms: u64,
-        (g, fp): (u8, u64),
+        (g, fp): (RuleId, u64),
         report: &mut Report,
     ) {
-        let Some(rule) = self.rules.get(g as usize) else {
+        let Some(rule) = self.rule(g) else {
             return;
         };
         let (keys, tag) = pool_slots(rule, fp);
@@ -38,7 +38,7 @@ impl Coordinator {
             .map(|s| expired(s.tat, now_ms))
             .sum();
         if left > 0 {
-            report.dropped.push((g as usize, u64::from(left)));
+            report.dropped.push((g, u64::from(left)));
         }
     }
 
@@ -59,8 +59,7 @@ impl Coordinator {
         if let Some(k) = self.keys.get_mut(&(g, fp)) {
             k.inflight = false;
         }
-        let gi = g as usize;
-        let Some(rule) = self.rules.get(gi) else {
+        let Some(rule) = self.rule(g) else {
             return report;
         };
         let svc = rule.service;
@@ -70,7 +69,7 @@ impl Coordinator {
             Some(r) if r.overall == proto::Code::OverLimit => (CallResult::OverLimit, r.status),
             _ => (CallResult::Error, proto::Status::default()),
         };
-        report.results.push((gi, result));
+        report.results.push((g, result));
         if let Some(s) = self.services.get_mut(svc) {
             s.record(
                 store,
@@ -95,13 +94,12 @@ impl Coordinator {
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        (g, fp, hits, started_ms): (u8, u64, u32, u64),
+        (g, fp, hits, started_ms): (RuleId, u64, u32, u64),
         result: CallResult,
         status: &proto::Status,
         report: &mut Report,
     ) {
-        let gi = g as usize;
-        let Some(rule) = self.rules.get(gi) else {
+        let Some(rule) = self.rule(g) else {
             return;
         };
         // The service counted the hits at some moment of the call: the
@@ -119,7 +117,7 @@ impl Coordinator {
         let site = (slots.as_slice(), tag);
         let dropped = match result {
             CallResult::Ok => {
-                report.granted.push((gi, u64::from(hits)));
+                report.granted.push((g, u64::from(hits)));
                 // Granted tokens with nowhere to go are dropped, all of them.
                 update_pool(store, site, now_ms, &fresh, |old| {
                     Pool::grant(old, hits, until, now_ms)
@@ -133,7 +131,7 @@ impl Coordinator {
             _ => 0,
         };
         if dropped > 0 {
-            report.dropped.push((gi, dropped));
+            report.dropped.push((g, dropped));
         }
         if let Some(k) = self.keys.get_mut(&(g, fp)) {
             k.remaining = match result {
@@ -190,8 +188,8 @@ impl Site {
 /// `FRESH_MS`: a slot held by any other key may be taken for a key that
 /// has no slot (its tokens are then counted as dropped).
 pub(super) fn fresh(
-    owners: &FastMap<(u8, u32), u64>,
-    g: u8,
+    owners: &FastMap<(RuleId, u32), u64>,
+    g: RuleId,
     now_ms: u64,
 ) -> impl Fn(u32) -> bool + '_ {
     move |tag| {

@@ -6,7 +6,7 @@
 
 use super::codec::{Health, HealthState};
 use super::config::GlobalSpec;
-use super::{Coordinator, Mode, Report};
+use super::{Coordinator, Mode, Report, RuleId};
 use crate::config::fields::StateId;
 use crate::rng::SplitMix;
 use crate::store::Store;
@@ -41,7 +41,7 @@ impl Coordinator {
                 }
             }
         }
-        for (g, r) in self.rules.iter().enumerate() {
+        for (id, r) in RuleId::all().zip(self.rules.iter_mut()) {
             let down = self
                 .services
                 .get(r.service)
@@ -51,11 +51,9 @@ impl Coordinator {
                 (true, false) => Mode::Backstop,
                 (true, true) => Mode::Deny,
             };
-            if let Some(m) = self.modes.get_mut(g) {
-                if *m != mode {
-                    *m = mode;
-                    report.modes.push((g, mode));
-                }
+            if r.mode != mode {
+                r.mode = mode;
+                report.modes.push((id, mode));
             }
         }
     }

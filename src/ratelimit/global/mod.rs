@@ -47,6 +47,7 @@ mod wait_tests;
 
 use crate::config::fields::StateId;
 use crate::hash::FastMap;
+use crate::pipeline::telemetry::MetricId;
 use crate::rng::SplitMix;
 use crate::store::Store;
 use codec::{HealthState, Want};
@@ -105,10 +106,42 @@ pub enum CallResult {
     Error,
 }
 
-/// A global rule as the coordinator sees it.
+/// A global rule's id: its index among its coordinator's rules, which is
+/// also the one-byte rule index its demand is reported with (see
+/// [`codec::Want`]). Only the coordinator gives them out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RuleId(u8);
+
+impl RuleId {
+    /// Every id, in order: the first rule's, the second's, and so on.
+    fn all() -> impl Iterator<Item = RuleId> {
+        (0..=u8::MAX).map(RuleId)
+    }
+}
+
+/// Tokens granted by the service, and dropped unspent.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenMetrics {
+    pub granted: MetricId,
+    pub dropped: MetricId,
+}
+
+/// Metric ids of one global rule (labels `domain`, `rule`), declared by
+/// the rate-limit stage.
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalMetrics {
+    pub mode: MetricId,
+    /// Requests refused for want of tokens (the key's pool being filled).
+    pub starved: MetricId,
+    /// Calls: ok, over_limit, error.
+    pub calls: [MetricId; 3],
+    pub tokens: TokenMetrics,
+}
+
+/// A global rule: what it is, how this VM serves it now, and its metrics.
 #[derive(Debug, Clone)]
 pub struct GlobalRule {
-    /// The rule's index in the configuration.
+    /// The rule's index in the configuration (the limiter's).
     pub rule: usize,
     pub spec: GlobalSpec,
     /// The RLS domain (the section's, or the configuration's).
@@ -127,6 +160,10 @@ pub struct GlobalRule {
     pub cost_max: u64,
     /// Whether the key has variable parts (two slots per key).
     pub variable: bool,
+    /// How it is served now (set from its service's breaker, see
+    /// `follow_health`).
+    pub mode: Mode,
+    pub metrics: GlobalMetrics,
 }
 
 /// What happened during a call into the coordinator, for metrics and the
@@ -135,16 +172,16 @@ pub struct GlobalRule {
 pub struct Report {
     pub calls: Vec<Call>,
     /// (global rule, tokens) granted by the service.
-    pub granted: Vec<(usize, u64)>,
+    pub granted: Vec<(RuleId, u64)>,
     /// (global rule, tokens) paid for and dropped unspent: their window
     /// ended, or another key took the slot.
-    pub dropped: Vec<(usize, u64)>,
+    pub dropped: Vec<(RuleId, u64)>,
     /// (global rule, result) of finished calls.
-    pub results: Vec<(usize, CallResult)>,
+    pub results: Vec<(RuleId, CallResult)>,
     /// Whether this VM became (true) or stopped being (false) the leader.
     pub leader: Option<bool>,
     /// Rules whose mode changed.
-    pub modes: Vec<(usize, Mode)>,
+    pub modes: Vec<(RuleId, Mode)>,
     /// Breaker transitions: (service, new state).
     pub transitions: Vec<(usize, HealthState)>,
     /// This VM reported starved demand and is not the leader: wake the
@@ -177,7 +214,8 @@ struct Key {
 
 /// The global rules of one configuration, in one VM.
 pub struct Coordinator {
-    pub rules: Vec<GlobalRule>,
+    /// Its rules, each at the index its id names.
+    rules: Vec<GlobalRule>,
     pub services: Vec<Service>,
     me: u64,
     /// The version of this VM's configuration (`Config::version`).
@@ -190,10 +228,10 @@ pub struct Coordinator {
     /// The name of the shared queue the leader listens on (see `hurry`).
     pub queue: String,
     /// Demand noted by this VM since its last report, by (rule, key hash).
-    local: FastMap<(u8, u64), Want>,
-    keys: FastMap<(u8, u64), Key>,
+    local: FastMap<(RuleId, u64), Want>,
+    keys: FastMap<(RuleId, u64), Key>,
     /// Calls out: (rule, key hash, hits, when it started).
-    calls: FastMap<u64, (u8, u64, u32, u64)>,
+    calls: FastMap<u64, (RuleId, u64, u32, u64)>,
     next_call: u64,
     last_tick_ms: u64,
     /// When the lease, leader and breaker work last ran.
@@ -201,32 +239,33 @@ pub struct Coordinator {
     /// When this VM last reported its demand.
     last_report_ms: u64,
     /// The leader's keys by (rule, pool tag): when each last had demand.
-    owners: FastMap<(u8, u32), u64>,
+    owners: FastMap<(RuleId, u32), u64>,
     /// Starved keys were noted since the last report.
     cold: bool,
-    modes: Vec<Mode>,
 }
 
 /// Keys by the time given with each, the oldest first (one sort for both
 /// the tick's calls and the evictions: each sort's code is kilobytes).
-fn oldest_first(v: &mut [((u8, u64), u64)]) {
+fn oldest_first(v: &mut [((RuleId, u64), u64)]) {
     v.sort_unstable_by_key(|&(_, t)| t);
 }
 
 impl Coordinator {
     /// `me`: a random id of this VM; `config`: its configuration's version.
+    /// Rules past the last id (256; the limiter refuses more than
+    /// `MAX_GLOBAL_RULES`) are dropped.
     pub fn new(
         config_domain: &str,
-        rules: Vec<GlobalRule>,
+        mut rules: Vec<GlobalRule>,
         services: Vec<Service>,
         (me, config): (u64, u64),
     ) -> Self {
+        rules.truncate(usize::from(u8::MAX) + 1);
         let mut id = StateId::new((0x676c_6f62_616c, 0x006c_6561_7365), config_domain);
         for r in &rules {
             id = id.text(&r.pool_prefix);
         }
         let id = id.finish();
-        let modes = vec![Mode::Service; rules.len()];
         Coordinator {
             rules,
             services,
@@ -246,7 +285,6 @@ impl Coordinator {
             last_report_ms: 0,
             owners: FastMap::default(),
             cold: false,
-            modes,
         }
     }
 
@@ -255,9 +293,19 @@ impl Coordinator {
         self.leader
     }
 
-    /// The current mode of global rule `g`.
-    pub fn mode(&self, g: usize) -> Mode {
-        self.modes.get(g).copied().unwrap_or_default()
+    /// Global rule `id` (every id this coordinator gave out names one).
+    pub fn rule(&self, id: RuleId) -> Option<&GlobalRule> {
+        self.rules.get(usize::from(id.0))
+    }
+
+    /// Its rules, with their ids.
+    pub fn rules(&self) -> impl Iterator<Item = (RuleId, &GlobalRule)> {
+        RuleId::all().zip(&self.rules)
+    }
+
+    /// The current mode of global rule `id`.
+    pub fn mode(&self, id: RuleId) -> Mode {
+        self.rule(id).map_or(Mode::Service, |r| r.mode)
     }
 
     /// Periodic work of every VM: report demand, hold or seek the lease,

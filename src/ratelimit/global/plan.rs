@@ -8,7 +8,8 @@ use super::codec::HealthState;
 use super::fill::{fresh, live_tokens, pool_slots, read_sites};
 use super::proto;
 use super::{
-    oldest_first, Call, Coordinator, GlobalRule, Key, Report, MAX_CALLS_PER_TICK, METHOD, SERVICE,
+    oldest_first, Call, Coordinator, GlobalRule, Key, Report, RuleId, MAX_CALLS_PER_TICK, METHOD,
+    SERVICE,
 };
 use crate::rng::SplitMix;
 use crate::store::Store;
@@ -45,8 +46,7 @@ impl Coordinator {
                 break;
             }
             let closed = self
-                .rules
-                .get(g as usize)
+                .rule(g)
                 .and_then(|r| self.services.get(r.service))
                 .is_some_and(|s| s.health.state == HealthState::Closed);
             let Some(k) = self.keys.get_mut(&(g, fp)) else {
@@ -104,7 +104,7 @@ impl Coordinator {
             if report.calls.len() >= MAX_CALLS_PER_TICK {
                 break;
             }
-            let Some(svc) = self.rules.get(g as usize).map(|r| r.service) else {
+            let Some(svc) = self.rule(g).map(|r| r.service) else {
                 continue;
             };
             let probe = match self.services.get(svc).map(|s| s.health.state) {
@@ -139,11 +139,7 @@ impl Coordinator {
                 .keys
                 .iter()
                 .filter(|((g, _), k)| {
-                    !k.inflight
-                        && self
-                            .rules
-                            .get(*g as usize)
-                            .is_some_and(|r| r.service == svc)
+                    !k.inflight && self.rule(*g).is_some_and(|r| r.service == svc)
                 })
                 .max_by(|a, b| a.1.rate.total_cmp(&b.1.rate))
                 .map(|(&id, _)| id);
@@ -175,7 +171,7 @@ impl Coordinator {
 
     /// Forgets the keys without demand for `IDLE_MS`.
     fn forget_idle(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
-        let idle: Vec<(u8, u64)> = self
+        let idle: Vec<(RuleId, u64)> = self
             .keys
             .iter()
             .filter(|(_, k)| !k.inflight && now_ms.saturating_sub(k.last_demand_ms) >= IDLE_MS)
@@ -190,10 +186,10 @@ impl Coordinator {
     /// The keys that may need tokens now, the one called least recently
     /// first: when a tick cannot serve everyone, every key still gets its
     /// turn within a few ticks.
-    fn due(&self, now_ms: u64) -> Vec<(u8, u64)> {
-        let mut due: Vec<((u8, u64), u64)> = Vec::new();
+    fn due(&self, now_ms: u64) -> Vec<(RuleId, u64)> {
+        let mut due: Vec<((RuleId, u64), u64)> = Vec::new();
         for (&(g, fp), k) in &self.keys {
-            let lead_ms = self.rules.get(g as usize).map_or(1_000, |r| r.spec.lead_ms);
+            let lead_ms = self.rule(g).map_or(1_000, |r| r.spec.lead_ms);
             if !k.inflight && now_ms >= k.blocked_until_ms && k.wanted(lead_ms) {
                 due.push(((g, fp), k.last_call_ms));
             }
@@ -209,11 +205,11 @@ impl Coordinator {
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        g: u8,
+        g: RuleId,
         fp: u64,
         probe: bool,
     ) -> Option<Call> {
-        let rule = self.rules.get(g as usize)?;
+        let rule = self.rule(g)?;
         let k = self.keys.get(&(g, fp))?;
         let batch = batch(rule, k);
         let (keys, tag) = pool_slots(rule, fp);

@@ -4,7 +4,7 @@
 use super::codec::{self, Want};
 use super::pool::Pool;
 use super::tests::{hits_of, response_of as response, vm, Vm, T0};
-use super::{Call, Mode};
+use super::{Call, Mode, RuleId};
 use crate::ratelimit::LimitVerdict;
 use crate::store::memory::MemoryStore;
 use std::collections::HashMap;
@@ -196,7 +196,11 @@ fn recovers(quiet_asks: bool) {
         calls > 0 && probes_opened == 1,
         "half-open {probes_opened} times, {calls} calls"
     );
-    assert_eq!(worker.coord.mode(0), Mode::Service, "back on the service");
+    assert_eq!(
+        worker.coord.mode(RuleId(0)),
+        Mode::Service,
+        "back on the service"
+    );
 }
 
 #[test]
@@ -250,9 +254,9 @@ fn a_full_key_table_makes_room_for_new_keys() {
     for round in 0..5u64 {
         for i in 0..10_000u64 {
             let fp = round * 10_000 + i + 1_000_000;
-            worker
-                .coord
-                .note(0, fp, true, 1, || vec![format!("x{fp}").into_bytes()]);
+            worker.coord.note(RuleId(0), fp, true, 1, || {
+                vec![format!("x{fp}").into_bytes()]
+            });
         }
         worker.tick(&store, now + 1);
         now += 100;
@@ -306,7 +310,8 @@ fn demand_left_out_of_a_full_record_waits_for_the_next_report() {
     let store = MemoryStore::default();
     let mut w = vm(&json, 2, &store);
     for i in 0..300u64 {
-        w.coord.note(0, i + 1, false, 1, || vec![vec![b'v'; 1_000]]);
+        w.coord
+            .note(RuleId(0), i + 1, false, 1, || vec![vec![b'v'; 1_000]]);
     }
     w.coord.report_demand(&store);
     let wants: Vec<Want> = store

@@ -5,7 +5,7 @@
 use super::codec::{self, Health, HealthState, Lease, Want};
 use super::pool::{Pool, PoolSpec};
 use super::proto::{self, Code};
-use super::{Call, Coordinator, Mode, Report};
+use super::{Call, Coordinator, Mode, Report, RuleId};
 use crate::ratelimit::stage;
 use crate::ratelimit::{LimitVerdict, Limiter};
 use crate::request::fake::FakeRequest;
@@ -70,8 +70,9 @@ impl Vm {
             let report = eval.reports.first();
             let starved = report.is_some_and(|r| r.wait_ns == super::STARVED_WAIT_NS);
             let cost = report.map_or(1, |r| r.cost);
-            self.coord
-                .note(0, f, starved, cost, || vec![key.as_bytes().to_vec()]);
+            self.coord.note(RuleId(0), f, starved, cost, || {
+                vec![key.as_bytes().to_vec()]
+            });
         }
         (eval.verdict, fp)
     }
@@ -79,7 +80,9 @@ impl Vm {
     pub(super) fn tick(&mut self, store: &MemoryStore, now_ms: u64) -> Report {
         let r = self.coord.tick(store, now_ms, &mut self.rng);
         for &(g, mode) in &r.modes {
-            self.limiter.use_backstop(g, mode == Mode::Backstop);
+            if let Some(rule) = self.coord.rule(g) {
+                self.limiter.use_backstop(rule.rule, mode == Mode::Backstop);
+            }
         }
         r
     }
@@ -95,7 +98,9 @@ impl Vm {
             .coord
             .done(store, now_ms, &mut self.rng, call.id, body.as_deref());
         for &(g, mode) in &r.modes {
-            self.limiter.use_backstop(g, mode == Mode::Backstop);
+            if let Some(rule) = self.coord.rule(g) {
+                self.limiter.use_backstop(rule.rule, mode == Mode::Backstop);
+            }
         }
         r
     }
@@ -385,7 +390,7 @@ fn demand_becomes_a_call_and_the_grant_is_spent_exactly() {
     worker.tick(&store, T0 + 150);
     assert!(leader.tick(&store, T0 + 200).calls.is_empty());
     let r = leader.answer(&store, T0 + 210, call, Some(response(1, 75, 3_000)));
-    assert_eq!(r.granted, vec![(0, 25)]);
+    assert_eq!(r.granted, vec![(RuleId(0), 25)]);
     let admitted = (0..40)
         .filter(|_| worker.request(&store, T0 + 220, "k") == LimitVerdict::Allow)
         .count();
@@ -437,7 +442,7 @@ fn after_an_answer_that_leaves_nothing_the_next_call_asks_for_the_dearest_reques
         &call,
         Some(response_with_none_left(1, 100, 3_000)),
     );
-    assert_eq!(r.granted, vec![(0, 10)]);
+    assert_eq!(r.granted, vec![(RuleId(0), 10)]);
     for _ in 0..11 {
         l.request(&store, T0 + 120, "k");
     }
@@ -489,7 +494,7 @@ fn failures_open_the_breaker_every_vm_uses_the_backstop_and_a_probe_closes_it() 
         leader.answer(&store, now + 5, &call, None);
     }
     let r = worker.tick(&store, now + 10);
-    assert_eq!(r.modes, vec![(0, Mode::Backstop)]);
+    assert_eq!(r.modes, vec![(RuleId(0), Mode::Backstop)]);
     // The backstop: 100 per hour x 1/2 = 50 for this Envoy.
     let admitted = (0..80)
         .filter(|_| worker.request(&store, now + 20, "k") == LimitVerdict::Allow)
@@ -506,7 +511,7 @@ fn failures_open_the_breaker_every_vm_uses_the_backstop_and_a_probe_closes_it() 
     leader.answer(&store, now + 1_450, &probe[0], Some(response(1, 10, 100)));
     assert_eq!(
         worker.tick(&store, now + 1_500).modes,
-        vec![(0, Mode::Service)]
+        vec![(RuleId(0), Mode::Service)]
     );
 }
 
@@ -526,7 +531,10 @@ fn failure_mode_deny_spends_what_is_held_then_refuses() {
     }
     let call = l.tick(&store, T0 + 200).calls.remove(0);
     l.answer(&store, T0 + 210, &call, None);
-    assert_eq!(l.tick(&store, T0 + 300).modes, vec![(0, Mode::Deny)]);
+    assert_eq!(
+        l.tick(&store, T0 + 300).modes,
+        vec![(RuleId(0), Mode::Deny)]
+    );
     // The five tokens still held are spent; then nothing more.
     let admitted = (0..10)
         .filter(|_| l.request(&store, T0 + 310, "k") == LimitVerdict::Allow)
@@ -553,7 +561,7 @@ fn property_two_workers_never_admit_more_than_was_granted() {
                 0..=5 => {
                     let key = ["a", "b"][rng.below(2) as usize];
                     // Admissions from a pool (a backstop's are not paid).
-                    let pool = vms[i].coord.mode(0) != Mode::Backstop;
+                    let pool = vms[i].coord.mode(RuleId(0)) != Mode::Backstop;
                     if vms[i].request(&store, now, key) == LimitVerdict::Allow && pool {
                         admitted += 1;
                     }
@@ -667,7 +675,9 @@ fn a_starved_key_asks_for_a_fast_tick_that_only_reports_its_demand() {
     leader.tick(&store, T0);
     worker.tick(&store, T0 + 1);
     assert!(!worker.coord.wants_fast_tick());
-    worker.coord.note(0, 42, true, 1, || vec![b"k".to_vec()]);
+    worker
+        .coord
+        .note(RuleId(0), 42, true, 1, || vec![b"k".to_vec()]);
     assert!(worker.coord.wants_fast_tick());
     // Fast ticks report at most every 10 ms (each rewrites the record).
     assert_eq!(worker.tick(&store, T0 + 5), Report::default());
@@ -756,7 +766,7 @@ fn tokens_left_unspent_at_the_window_end_are_counted_as_dropped() {
     assert_ne!(l.request(&store, T0 + 2_200, "k"), LimitVerdict::Allow);
     let call = l.tick(&store, T0 + 2_300).calls.remove(0);
     let r = l.answer(&store, T0 + 2_310, &call, Some(response(1, 80, 60)));
-    assert_eq!(r.dropped, vec![(0, 7)]);
+    assert_eq!(r.dropped, vec![(RuleId(0), 7)]);
 }
 
 #[test]

@@ -4,23 +4,26 @@
 //! carried out as effects, signals and metrics. Its own file because the
 //! coordinator itself knows nothing of the pipeline: this is the glue.
 
+use super::metrics::global_metrics;
 use super::RateLimits;
 use crate::config::Common;
 use crate::pipeline::stage::{Cx, Signal};
+use crate::pipeline::telemetry::Registry;
 use crate::ratelimit::global::{
-    CallResult, Coordinator, GlobalRule, Mode, Report, Service, STARVED_WAIT_NS,
+    CallResult, Coordinator, GlobalRule, Mode, Report, RuleId, Service, STARVED_WAIT_NS,
 };
 use crate::ratelimit::{Evaluation, LimitVerdict, Limiter, RuleResult};
 use crate::request::RequestView;
 use log::{info, warn};
 
-/// The coordinator of the configuration's global rules, if it has any,
-/// and each rule's index among them.
+/// The coordinator of the configuration's global rules, if it has any
+/// (their metrics declared in `reg`), and each rule's id among them.
 pub(super) fn coordinator(
     common: &Common,
     limiter: &Limiter,
     vm: u64,
-) -> (Option<Coordinator>, Vec<Option<usize>>) {
+    reg: &mut Registry,
+) -> (Option<Coordinator>, Vec<Option<RuleId>>) {
     let mut rules = Vec::new();
     let mut services: Vec<Service> = Vec::new();
     let mut of = vec![None; limiter.rules.len()];
@@ -36,9 +39,6 @@ pub(super) fn coordinator(
                 services.len() - 1
             }
         };
-        if let Some(o) = of.get_mut(i) {
-            *o = Some(rules.len());
-        }
         rules.push(GlobalRule {
             rule: i,
             spec: spec.clone(),
@@ -52,26 +52,27 @@ pub(super) fn coordinator(
             quota: g.limit.quota(),
             cost_max: rule.spec.cost.max,
             variable: crate::keys::has_variable_parts(&rule.spec.key),
+            mode: Mode::Service,
+            metrics: global_metrics(reg, &common.domain, &rule.spec.name),
         });
     }
     if rules.is_empty() {
         return (None, of);
     }
-    (
-        Some(Coordinator::new(
-            &common.domain,
-            rules,
-            services,
-            (vm, common.version),
-        )),
-        of,
-    )
+    let c = Coordinator::new(&common.domain, rules, services, (vm, common.version));
+    for (id, r) in c.rules() {
+        if let Some(o) = of.get_mut(r.rule) {
+            *o = Some(id);
+        }
+    }
+    (Some(c), of)
 }
 
 /// The coordinator of a configuration, for the core's tests.
 #[cfg(test)]
 pub fn test_coordinator(common: &Common, limiter: &Limiter, vm: u64) -> Option<Coordinator> {
-    coordinator(common, limiter, vm).0
+    let mut reg = Registry::declared(&[super::METRICS]);
+    coordinator(common, limiter, vm, &mut reg).0
 }
 
 impl RateLimits {
@@ -90,7 +91,7 @@ impl RateLimits {
             return;
         };
         for &(rule, fp) in &eval.global_keys {
-            let (Some(Some(gi)), Some(r)) =
+            let (Some(&Some(id)), Some(r)) =
                 (self.global_of.get(rule), self.limiter.rules.get(rule))
             else {
                 continue;
@@ -109,16 +110,16 @@ impl RateLimits {
                 report.result,
                 RuleResult::Limited | RuleResult::ShadowLimited
             ) && report.wait_ns == STARVED_WAIT_NS
-                && g.mode(*gi) == Mode::Service;
+                && g.mode(id) == Mode::Service;
             if starved {
-                if let (Some(m), false) = (self.global_metrics.get(*gi), again) {
-                    cx.add(m.starved, 1);
+                if let (Some(global), false) = (g.rule(id), again) {
+                    cx.add(global.metrics.starved, 1);
                 }
                 if !g.wants_fast_tick() {
                     cx.tick_changed = true;
                 }
             }
-            g.note(*gi, fp, starved, report.cost, || {
+            g.note(id, fp, starved, report.cost, || {
                 crate::keys::values(&r.spec.key, req)
             });
         }
@@ -131,14 +132,12 @@ impl RateLimits {
             return;
         };
         cx.calls.extend(report.calls);
-        for (gi, mode) in report.modes {
-            let Some(rule) = g.rules.get(gi).map(|r| r.rule) else {
+        for (id, mode) in report.modes {
+            let Some(r) = g.rule(id) else {
                 continue;
             };
-            self.limiter.use_backstop(rule, mode == Mode::Backstop);
-            if let Some(m) = self.global_metrics.get(gi) {
-                cx.record(m.mode, mode.gauge());
-            }
+            self.limiter.use_backstop(r.rule, mode == Mode::Backstop);
+            cx.record(r.metrics.mode, mode.gauge());
         }
         for (i, state) in report.transitions {
             if let Some(s) = g.services.get(i) {
@@ -160,25 +159,25 @@ impl RateLimits {
         if report.wake {
             cx.signals.push(Signal::Wake(g.queue.clone()));
         }
-        for (gi, result) in report.results {
-            if let Some(m) = self.global_metrics.get(gi) {
-                let [ok, over, error] = m.calls;
-                let id = match result {
+        for (id, result) in report.results {
+            if let Some(r) = g.rule(id) {
+                let [ok, over, error] = r.metrics.calls;
+                let metric = match result {
                     CallResult::Ok => ok,
                     CallResult::OverLimit => over,
                     CallResult::Error => error,
                 };
-                cx.add(id, 1);
+                cx.add(metric, 1);
             }
         }
-        for (gi, n) in report.granted {
-            if let Some(m) = self.global_metrics.get(gi) {
-                cx.add(m.tokens.granted, n as i64);
+        for (id, n) in report.granted {
+            if let Some(r) = g.rule(id) {
+                cx.add(r.metrics.tokens.granted, n as i64);
             }
         }
-        for (gi, n) in report.dropped {
-            if let Some(m) = self.global_metrics.get(gi) {
-                cx.add(m.tokens.dropped, n as i64);
+        for (id, n) in report.dropped {
+            if let Some(r) = g.rule(id) {
+                cx.add(r.metrics.tokens.dropped, n as i64);
             }
         }
     }

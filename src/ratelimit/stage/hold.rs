@@ -14,7 +14,7 @@ impl RateLimits {
     /// Adds `by` to the held gauge of each rule holding `h`.
     pub(super) fn count_held(&self, cx: &mut Cx<'_, '_>, h: &Held, by: i64) {
         for &r in &h.rules {
-            if let Some((_, _, gauge)) = self.m(r).delayed {
+            if let Some((_, _, gauge)) = self.delayed(r) {
                 cx.add(gauge, by);
             }
         }

@@ -6,6 +6,7 @@
 use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::ratelimit::config::RuleSpec;
+use crate::ratelimit::global::{GlobalMetrics, TokenMetrics};
 
 /// The metrics of rate limits, global rules included.
 pub const METRICS: &[Declared] = &[
@@ -72,7 +73,7 @@ pub const METRICS: &[Declared] = &[
 ];
 
 /// Metric ids of one rule (labels `domain`, `rule`).
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(super) struct RuleMetrics {
     pub(super) allowed: MetricId,
     pub(super) limited: MetricId,
@@ -85,24 +86,6 @@ pub(super) struct RuleMetrics {
     /// Shaping rules only: delayed requests, the delay histogram (ms), and
     /// the requests held now.
     pub(super) delayed: Option<(MetricId, MetricId, MetricId)>,
-}
-
-/// Tokens granted by the service, and dropped unspent.
-#[derive(Default, Clone, Copy)]
-pub(super) struct TokenMetrics {
-    pub(super) granted: MetricId,
-    pub(super) dropped: MetricId,
-}
-
-/// Metric ids of one global rule (labels `domain`, `rule`).
-#[derive(Default, Clone, Copy)]
-pub(super) struct GlobalMetrics {
-    pub(super) mode: MetricId,
-    /// Requests refused for want of tokens (the key's pool being filled).
-    pub(super) starved: MetricId,
-    /// Calls: ok, over_limit, error.
-    pub(super) calls: [MetricId; 3],
-    pub(super) tokens: TokenMetrics,
 }
 
 /// The metrics of one global rule.

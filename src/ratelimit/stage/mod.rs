@@ -15,7 +15,7 @@ mod metrics;
 mod wait;
 
 use super::config::RuleSpec;
-use super::global::{Coordinator, Report};
+use super::global::{Coordinator, Report, RuleId};
 use super::reply::{action, Action, PolicyInfo};
 use super::shaping::HeldList;
 use super::{Evaluation, Limiter, RuleResult};
@@ -29,7 +29,7 @@ use crate::request::RequestView;
 use coordinator::coordinator;
 use log::info;
 pub use metrics::METRICS;
-use metrics::{global_metrics, rule_metrics, GlobalMetrics, RuleMetrics};
+use metrics::{rule_metrics, RuleMetrics};
 use wait::Waiting;
 
 /// This stage's lines in the pipeline's wait list: requests waiting for a
@@ -52,10 +52,9 @@ pub struct RateLimits {
     held: HeldList,
     /// Requests waiting for global keys' first tokens (`wait_for_tokens`).
     waiting: FastMap<StreamId, Waiting>,
-    /// Global rules: their coordinator, and each rule's index among them.
+    /// Global rules: their coordinator, and each rule's id among them.
     global: Option<Coordinator>,
-    global_of: Vec<Option<usize>>,
-    global_metrics: Vec<GlobalMetrics>,
+    global_of: Vec<Option<RuleId>>,
     leader_metric: MetricId,
 }
 
@@ -71,12 +70,7 @@ pub fn build(
         return Ok(None);
     }
     let limiter = Limiter::new(specs, common, seed)?;
-    let (global, global_of) = coordinator(common, &limiter, vm);
-    let global_metrics = specs
-        .iter()
-        .filter(|r| r.global.is_some())
-        .map(|r| global_metrics(reg, &common.domain, &r.name))
-        .collect();
+    let (global, global_of) = coordinator(common, &limiter, vm, reg);
     let leader_metric = match global {
         Some(_) => reg.labelled(
             Kind::Gauge,
@@ -104,7 +98,6 @@ pub fn build(
         waiting: FastMap::default(),
         global,
         global_of,
-        global_metrics,
         leader_metric,
     })))
 }
@@ -139,8 +132,10 @@ impl RateLimits {
         }
     }
 
-    fn m(&self, rule: usize) -> RuleMetrics {
-        self.metrics.get(rule).copied().unwrap_or_default()
+    /// A shaping rule's metrics of delayed requests (none for a rule that
+    /// does not shape).
+    fn delayed(&self, rule: usize) -> Option<(MetricId, MetricId, MetricId)> {
+        self.metrics.get(rule).and_then(|m| m.delayed)
     }
 
     /// The decision on an evaluated request that is not held.
@@ -261,7 +256,7 @@ impl Stage for RateLimits {
             self.count_held(cx, &h, -1);
             let waited_ms = now.saturating_sub(h.since_ns) / NS_PER_MS;
             for &r in &h.rules {
-                if let Some((_, histogram, _)) = self.m(r).delayed {
+                if let Some((_, histogram, _)) = self.delayed(r) {
                     cx.record(histogram, waited_ms);
                 }
             }

@@ -98,10 +98,10 @@ impl RateLimits {
             .iter()
             .filter(|r| r.result == RuleResult::Limited)
         {
-            let gi = self.global_of.get(r.rule).copied().flatten()?;
-            let spec = self.limiter.rules.get(r.rule)?.spec.global.as_ref()?;
-            let ms = spec.service.wait_for_tokens_ms;
-            if ms == 0 || r.wait_ns != STARVED_WAIT_NS || g.mode(gi) != Mode::Service {
+            let id = self.global_of.get(r.rule).copied().flatten()?;
+            let rule = g.rule(id)?;
+            let ms = rule.spec.wait_for_tokens_ms;
+            if ms == 0 || r.wait_ns != STARVED_WAIT_NS || rule.mode != Mode::Service {
                 return None;
             }
             wait = Some(wait.map_or(ms, |w: u64| w.min(ms)));
