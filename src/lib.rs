@@ -21,7 +21,8 @@
 //! - [`store`]: shared data as a compare-and-swap store, the layer that
 //!   remembers a worker's own writes, and an in-memory store for tests.
 //! - small shared pieces: [`keys`], [`request`], [`matcher`], [`reply`],
-//!   [`codec`], [`hash`], [`duration`], [`rng`], [`sort`].
+//!   [`codec`], [`hash`], [`duration`], [`rng`], [`sort`], and [`time`]
+//!   (the instants and durations every interface between modules carries).
 //! - `host` (wasm32-wasip1 only): the proxy-wasm adapter, glue only.
 
 #![cfg_attr(
@@ -52,6 +53,7 @@ pub mod rng;
 pub mod shed;
 pub mod sort;
 pub mod store;
+pub mod time;
 pub mod wiring;
 
 #[cfg(target_os = "wasi")]

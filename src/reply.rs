@@ -15,6 +15,7 @@
 
 use crate::duration::NS_PER_S;
 use crate::rng::SplitMix;
+use crate::time::Duration;
 use std::rc::Rc;
 
 /// A local reply.
@@ -192,11 +193,11 @@ pub fn ceil_secs(ns: u64) -> u64 {
 /// a whole second or just under one, `ceil(wait + [0, 1 s])` is almost
 /// always the same whole second, and clients refused together would all
 /// come back together.
-pub fn retry_after_secs(wait_ns: u64, spread_ns: u64, rng: &mut SplitMix) -> u64 {
-    let jitter = rng.below(spread_ns.saturating_add(1));
+pub fn retry_after_secs(wait: Duration, spread: Duration, rng: &mut SplitMix) -> u64 {
+    let jitter = rng.below(spread.as_ns().saturating_add(1));
     let rounded_up = rng.below(NS_PER_S) < jitter % NS_PER_S;
     let extra = jitter / NS_PER_S + u64::from(rounded_up);
-    ceil_secs(wait_ns).max(1).saturating_add(extra)
+    ceil_secs(wait.as_ns()).max(1).saturating_add(extra)
 }
 
 /// Appends `s` as a JSON string literal (names are restricted to
@@ -251,13 +252,18 @@ mod tests {
 
     const S: u64 = NS_PER_S;
 
+    /// `retry_after_secs` for a wait and a spread in nanoseconds.
+    fn retry_after_ns(wait: u64, spread: u64, rng: &mut SplitMix) -> u64 {
+        retry_after_secs(Duration::from_ns(wait), Duration::from_ns(spread), rng)
+    }
+
     #[test]
     fn property_retry_after_is_never_early_and_stays_within_the_spread() {
         let mut rng = SplitMix(5);
         for _ in 0..10_000 {
             let wait = rng.below(100 * S);
             let spread = rng.below(10 * S);
-            let ra = retry_after_secs(wait, spread, &mut rng);
+            let ra = retry_after_ns(wait, spread, &mut rng);
             assert!(ra >= 1);
             assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
             assert!(ra <= ceil_secs(wait).max(1) + ceil_secs(spread));
@@ -283,7 +289,7 @@ mod tests {
         ] {
             let mut counts = std::collections::BTreeMap::new();
             for _ in 0..100 {
-                let ra = retry_after_secs(wait, S, &mut rng);
+                let ra = retry_after_ns(wait, S, &mut rng);
                 assert!(ra * S >= wait, "told {ra}s for a wait of {wait}ns");
                 *counts.entry(ra).or_insert(0u32) += 1;
             }
@@ -342,7 +348,7 @@ mod tests {
         for spread in [S / 4, S, 3 * S / 2, 4 * S] {
             let n = 20_000u64;
             let sum: u64 = (0..n)
-                .map(|_| retry_after_secs(S, spread, &mut rng) - 1)
+                .map(|_| retry_after_ns(S, spread, &mut rng) - 1)
                 .sum();
             let mean_ms = sum * 1000 / n;
             let want_ms = spread / 2 / 1_000_000;
@@ -357,10 +363,10 @@ mod tests {
     fn jitter_spreads_clients_refused_together() {
         let mut rng = SplitMix(1);
         let values: std::collections::BTreeSet<u64> = (0..100)
-            .map(|_| retry_after_secs(S / 2, 5 * S, &mut rng))
+            .map(|_| retry_after_ns(S / 2, 5 * S, &mut rng))
             .collect();
         assert!(values.len() >= 5, "{values:?}");
-        assert_eq!(retry_after_secs(S / 2, 0, &mut rng), 1);
+        assert_eq!(retry_after_ns(S / 2, 0, &mut rng), 1);
     }
 
     #[test]

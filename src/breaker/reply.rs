@@ -1,8 +1,8 @@
 //! What a client refused by an open breaker sees.
 
-use crate::duration::NS_PER_MS;
 use crate::reply::{decimal, json_str, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
+use crate::time::Duration;
 
 /// The answer of an open (or half-open, probes taken) breaker: never
 /// earlier than the earliest probe time, plus jitter, and a header that
@@ -15,7 +15,11 @@ pub fn rejection(
     spread_ns: u64,
     rng: &mut SplitMix,
 ) -> Rejection {
-    let retry_after = retry_after_secs(wait_ms.saturating_mul(NS_PER_MS), spread_ns, rng);
+    let retry_after = retry_after_secs(
+        Duration::from_ms(wait_ms),
+        Duration::from_ns(spread_ns),
+        rng,
+    );
     let state = if half_open { "half-open" } else { "open" };
     Rejection {
         status,
@@ -42,7 +46,7 @@ pub fn throttled(
     spread_ns: u64,
     rng: &mut SplitMix,
 ) -> Rejection {
-    let retry_after = retry_after_secs(NS_PER_MS * 1000, spread_ns, rng);
+    let retry_after = retry_after_secs(Duration::from_secs(1), Duration::from_ns(spread_ns), rng);
     Rejection {
         status,
         headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", "throttled".to_string())],

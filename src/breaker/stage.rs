@@ -226,7 +226,7 @@ impl BreakerStage {
         let Some((start, tickets)) = self.tickets.remove(&stream) else {
             return;
         };
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         for t in tickets {
             let Some(spec) = self.breakers.rules.get(t.breaker).map(|r| r.spec.clone()) else {
                 continue;
@@ -275,7 +275,7 @@ impl Stage for BreakerStage {
         stream: StreamId,
         req: &dyn RequestView,
     ) -> Decision {
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         let check = self.run(cx, &mut |b, store, rng, ev| {
             b.check(store, now, req, rng, ev)
         });
@@ -355,12 +355,12 @@ impl Stage for BreakerStage {
     /// `slow_call` counts from here: the call's time at the upstream.
     fn departed(&mut self, cx: &mut Cx<'_, '_>, stream: StreamId) {
         if let Some(t) = self.tickets.get_mut(&stream) {
-            t.0 = Some(cx.now_ms());
+            t.0 = Some(cx.now().as_ms());
         }
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         if self.slow_calls {
             self.slow_calls(cx, now);
         }

@@ -8,6 +8,7 @@
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, StreamId};
 use crate::pipeline::wait::LineId;
+use crate::time::Instant;
 
 /// A limit's index and a slot of its table.
 pub type Place = (usize, u32);
@@ -77,7 +78,7 @@ impl Queues {
         let Some(place) = w.place() else {
             return;
         };
-        cx.wait(id, line_of(place), 0, Some(w.until_ms));
+        cx.wait(id, line_of(place), 0, Some(Instant::from_ms(w.until_ms)));
         self.waiters.insert(id, w);
     }
 

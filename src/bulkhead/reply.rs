@@ -2,9 +2,9 @@
 //! `Retry-After`, `x-sluice-bulkhead: full`, a JSON body naming the limit,
 //! or gRPC RESOURCE_EXHAUSTED.
 
-use crate::duration::NS_PER_S;
 use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
+use crate::time::Duration;
 
 /// The refusal of a request over limit `name` of `max` in flight.
 pub fn rejection(
@@ -14,7 +14,7 @@ pub fn rejection(
     spread_ns: u64,
     rng: &mut SplitMix,
 ) -> Rejection {
-    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
+    let retry_after = retry_after_secs(Duration::from_secs(1), Duration::from_ns(spread_ns), rng);
     Rejection {
         status,
         headers: vec![

@@ -14,6 +14,7 @@ use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
 use crate::request::RequestView;
+use crate::time::Instant;
 
 /// The metrics of concurrency limits.
 pub const METRICS: &[Declared] = &[
@@ -221,7 +222,7 @@ impl BulkheadStage {
                 places.push((c, self.bulkheads.place_of(c, req)));
             }
         }
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         let max_wait = self
             .bulkheads
             .rules
@@ -229,7 +230,10 @@ impl BulkheadStage {
             .and_then(|r| r.spec.wait)
             .map_or(0, |w| w.max_wait_ms);
         let by_wait = now.saturating_add(max_wait);
-        let by_deadline = cx.wait_until_ms(id).filter(|&at| at < by_wait);
+        let by_deadline = cx
+            .wait_until(id)
+            .map(Instant::as_ms)
+            .filter(|&at| at < by_wait);
         self.park(
             cx,
             id,

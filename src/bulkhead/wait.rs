@@ -45,7 +45,7 @@ impl BulkheadStage {
         place: Place,
         out: &mut Vec<StreamId>,
     ) -> Option<(StreamId, Pending)> {
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         while let Some((id, w)) = self.queues.pop(cx, place) {
             if now < w.until_ms {
                 return Some((id, w));

@@ -9,6 +9,7 @@ use crate::pipeline::telemetry::Recorder;
 use crate::pipeline::{Effect, Env, Outcome, Pipeline, StreamId, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::time::Instant;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -40,8 +41,9 @@ impl World {
             workers: Vec::new(),
         };
         for i in 0..n {
-            let p = crate::wiring::pipeline(&config, (1, 2), i as u32, T0 / MS, i as u64)
-                .expect("builds");
+            let p =
+                crate::wiring::pipeline(&config, (1, 2), i as u32, Instant::from_ns(T0), i as u64)
+                    .expect("builds");
             let rec = Recorder::of(&p.metrics);
             w.workers.push((p, rec));
             w.call(i, |p, env| {
@@ -57,7 +59,7 @@ impl World {
         f: impl FnOnce(&mut Pipeline, &mut Env<'_>) -> (R, Outcome),
     ) -> (R, Outcome) {
         let now = self.now;
-        let clock = move || now;
+        let clock = move || Instant::from_ns(now);
         let (p, sums) = &mut self.workers[w];
         let mut env = Env {
             store: &self.store,
@@ -108,7 +110,7 @@ fn tenant(t: &str) -> FakeRequest {
 }
 
 fn streams(n: u32) -> Vec<StreamId> {
-    (0..n).collect()
+    (0..n).map(StreamId).collect()
 }
 
 /// The streams an outcome resumes, and those it answers.
@@ -117,8 +119,8 @@ fn fates(out: &Outcome) -> (Vec<u32>, Vec<(u32, u32)>) {
     let mut answered = Vec::new();
     for e in &out.effects {
         match e {
-            Effect::Resume { stream, .. } => on.push(*stream),
-            Effect::Reply { stream, rejection } => answered.push((*stream, rejection.status)),
+            Effect::Resume { stream, .. } => on.push(stream.0),
+            Effect::Reply { stream, rejection } => answered.push((stream.0, rejection.status)),
             Effect::Again { stream } => panic!("a bulkhead never decides again ({stream})"),
         }
     }
@@ -140,7 +142,7 @@ fn waiters_of_a_key_go_in_arrival_order_as_places_are_handed_over() {
         "{v:?}"
     );
     // Another tenant does not wait behind them.
-    let other: StreamId = 9;
+    let other = StreamId(9);
     assert_eq!(w.request(0, other, &tenant("b")).0, Verdict::Continue);
     w.end(0, other);
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 2);
@@ -180,7 +182,7 @@ fn a_place_freed_on_another_worker_is_found_on_the_fast_tick() {
     w.end(0, s[0]);
     assert_eq!(w.in_flight(), 0);
     // An arrival on the waiter's worker before the tick waits behind it.
-    let late: StreamId = 2;
+    let late = StreamId(2);
     assert_eq!(w.request(1, late, &r).0, Verdict::Pause);
     let out = w.tick(1);
     assert_eq!(fates(&out), (vec![1], vec![]));
@@ -241,9 +243,9 @@ fn a_waiter_goes_upstream_with_its_deadline_reduced_by_the_wait() {
     assert_eq!(w.request(0, s[1], &r).0, Verdict::Pause);
     w.now += 40 * MS;
     let out = w.end(0, s[0]);
-    assert_eq!(out.effects, vec![Effect::Resume { stream: 1 }]);
+    assert_eq!(out.effects, vec![Effect::Resume { stream: s[1] }]);
     // It goes on upstream with the header reduced by its wait.
-    let (v, out) = w.call(0, |p, env| p.resume(env, 1, &r));
+    let (v, out) = w.call(0, |p, env| p.resume(env, s[1], &r));
     assert_eq!(v, Verdict::Continue);
     assert_eq!(
         out.request_headers,
@@ -269,7 +271,7 @@ fn a_client_gone_while_waiting_leaves_nothing_behind() {
     assert_eq!(w.sum(&metric("sluice_bulkhead_queued", None)), 0);
     assert_eq!(w.sum(&metric("sluice_bulkhead_in_flight", None)), 0);
     // The whole limit is there again.
-    let again: StreamId = 5;
+    let again = StreamId(5);
     assert_eq!(w.request(0, again, &r).0, Verdict::Continue);
 }
 
@@ -289,7 +291,11 @@ fn a_waiter_spends_nothing_later_until_it_goes_on_and_a_later_refusal_frees_its_
     // The place goes to stream 1: the rate limit now sees it.
     let out = w.end(0, s[0]);
     assert_eq!(out.effects.len(), 1);
-    let Some(Effect::Resume { stream: 1, .. }) = out.effects.first() else {
+    let Some(Effect::Resume {
+        stream: StreamId(1),
+        ..
+    }) = out.effects.first()
+    else {
         panic!("goes on: {:?}", out.effects)
     };
     let (v, _) = w.call(0, |p, env| p.resume(env, s[1], &r));

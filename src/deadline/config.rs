@@ -4,6 +4,7 @@
 
 use crate::config::fields::{err, header_name, millis_or_zero, status, ConfigError};
 pub use crate::pipeline::deadline::{DeadlineSpec, Format};
+use crate::time::Duration;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -41,13 +42,13 @@ pub fn validate(raw: RawDeadlines) -> Result<DeadlineSpec, ConfigError> {
         };
         headers.push((name, format));
     }
-    let min_remaining_ms = match raw.min_remaining {
-        None => 0,
-        Some(t) => millis_or_zero("deadlines.min_remaining", t)?,
+    let min_remaining = match raw.min_remaining {
+        None => Duration::ZERO,
+        Some(t) => Duration::from_ms(millis_or_zero("deadlines.min_remaining", t)?),
     };
     Ok(DeadlineSpec {
         headers,
-        min_remaining_ms,
+        min_remaining,
         propagate: raw.propagate.unwrap_or(true),
         status: status("deadlines.status".into(), raw.status.unwrap_or(504))?,
     })

@@ -5,10 +5,11 @@ use super::config::DeadlineSpec;
 use crate::config::ConfigError;
 use crate::pipeline::stage::{Cx, Decision, Stage, Step, StreamId};
 use crate::request::RequestView;
+use crate::time::Duration;
 
 /// The deadline stage of one configuration.
 pub struct DeadlineStage {
-    min_remaining_ms: u64,
+    min_remaining: Duration,
 }
 
 /// The stage, if the configuration has a `deadlines` section (the pipeline
@@ -16,7 +17,7 @@ pub struct DeadlineStage {
 pub fn build(spec: Option<&DeadlineSpec>) -> Result<Option<Box<dyn Stage>>, ConfigError> {
     Ok(spec.map(|s| {
         Box::new(DeadlineStage {
-            min_remaining_ms: s.min_remaining_ms,
+            min_remaining: s.min_remaining,
         }) as Box<dyn Stage>
     }))
 }
@@ -28,8 +29,8 @@ impl Stage for DeadlineStage {
         stream: StreamId,
         _req: &dyn RequestView,
     ) -> Decision {
-        match cx.deadline_left_ms(stream) {
-            Some(left) if left <= self.min_remaining_ms => {
+        match cx.deadline_left(stream) {
+            Some(left) if left <= self.min_remaining => {
                 Decision::of(Step::Reply(cx.deadline_answer(stream, "deadline")), false)
             }
             _ => Decision::pass(),

@@ -124,11 +124,11 @@ fn a_queued_request_never_waits_past_its_deadline() {
 fn min_remaining_may_be_written_as_its_default_zero() {
     for zero in ["0s", "0ms", "0.0s"] {
         let json = format!(r#"{{"deadlines":{{"min_remaining":"{zero}"}}}}"#);
-        assert_eq!(spec(&json).min_remaining_ms, 0, "{json}");
+        assert_eq!(spec(&json).min_remaining.as_ns(), 0, "{json}");
     }
     assert_eq!(
-        spec(r#"{"deadlines":{"min_remaining":"20ms"}}"#).min_remaining_ms,
-        20
+        spec(r#"{"deadlines":{"min_remaining":"20ms"}}"#).min_remaining,
+        crate::time::Duration::from_ms(20)
     );
 }
 

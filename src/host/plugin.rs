@@ -4,9 +4,9 @@
 use super::metrics::{self, HostSink, StoreMetrics};
 use super::reply;
 use super::store::SharedData;
-use super::views::{now_ns, HostRequest};
+use super::views::{now, HostRequest};
 use crate::hash::FastMap;
-use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, Verdict};
+use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, StreamId, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::{Cell, RefCell};
@@ -96,7 +96,7 @@ impl Plugin {
         let mut sink = HostSink(&self.ids);
         let mut env = Env {
             store: &SharedData,
-            clock: &now_ns,
+            clock: &now,
             sink: &mut sink,
         };
         Some(f(&mut pipeline, &mut env))
@@ -104,9 +104,9 @@ impl Plugin {
 
     /// Carries out an outcome: a new tick period, then the effects on other
     /// streams, then makes `current` the effective stream again.
-    pub fn apply(&self, out: Outcome, current: Option<u32>) {
+    pub fn apply(&self, out: Outcome, current: Option<StreamId>) {
         if let Some(period) = out.tick.filter(|_| !self.retired.get()) {
-            let _ = hostcalls::set_tick_period(period);
+            let _ = hostcalls::set_tick_period(period.into());
         }
         // Listening is the root context's (it hears the queue), and
         // `Root::carry_out` takes those out first.
@@ -121,35 +121,35 @@ impl Plugin {
         for e in out.effects {
             match e {
                 Effect::Resume { stream } => {
-                    if hostcalls::set_effective_context(stream).is_ok() {
+                    if hostcalls::set_effective_context(stream.0).is_ok() {
                         self.go_on(stream, false);
                     } else {
                         self.lost(stream);
                     }
                 }
                 Effect::Again { stream } => {
-                    if hostcalls::set_effective_context(stream).is_ok() {
+                    if hostcalls::set_effective_context(stream.0).is_ok() {
                         self.go_on(stream, true);
                     } else {
                         self.lost(stream);
                     }
                 }
                 Effect::Reply { stream, rejection } => {
-                    if hostcalls::set_effective_context(stream).is_ok() {
+                    if hostcalls::set_effective_context(stream.0).is_ok() {
                         reply::send(&rejection, self.reason_header());
                     }
                 }
             }
         }
         if let Some(id) = current {
-            let _ = hostcalls::set_effective_context(id);
+            let _ = hostcalls::set_effective_context(id.0);
         }
     }
 }
 
 impl Plugin {
     /// A paused stream that is gone: give back what it may hold.
-    fn lost(&self, stream: u32) {
+    fn lost(&self, stream: StreamId) {
         if let Some(out) = self.call(|p, env| p.gone(env, stream)) {
             self.apply(out, None);
         }
@@ -158,7 +158,7 @@ impl Plugin {
     /// A paused stream (now the effective context) was resumed by the stage
     /// that paused it: the later stages decide on it (`again`: that stage
     /// too), then it goes on, is answered, or waits again.
-    fn go_on(&self, stream: u32, again: bool) {
+    fn go_on(&self, stream: StreamId, again: bool) {
         let req = HostRequest::default();
         let decided = self.call(|p, env| {
             if again {

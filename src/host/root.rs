@@ -5,7 +5,7 @@
 use super::plugin::Plugin;
 use super::store::{self, SharedData};
 use super::stream::HttpStream;
-use super::views::now_ns;
+use super::views::now;
 use crate::hash::FastMap;
 use crate::pipeline::{Call, Outcome, Signal, SLOW_TICK};
 use crate::store::Store;
@@ -86,7 +86,7 @@ impl Root {
             c.method,
             Vec::new(),
             Some(&c.message),
-            Duration::from_millis(c.timeout_ms),
+            c.timeout.into(),
         );
         match started {
             Ok(token) => {
@@ -135,8 +135,7 @@ fn configure(bytes: &[u8]) -> Result<Plugin, String> {
     store::forget();
     let seed = shared_seed(&SharedData, &config.common.domain)
         .ok_or("could not create the shared hash seed in shared data")?;
-    let now_ms = now_ns() / 1_000_000;
-    let pipeline = wiring::pipeline(&config, seed, random_u64() as u32, now_ms, random_u64())
+    let pipeline = wiring::pipeline(&config, seed, random_u64() as u32, now(), random_u64())
         .map_err(|e| e.to_string())?;
     let plugin = Plugin::new(pipeline);
     plugin.call(|p, env| p.start(env)).unwrap_or(Ok(()))?;
@@ -175,7 +174,7 @@ impl RootContext for Root {
                 // a sluice queue, say). An empty configuration has none:
                 // no tick, as if it had come first.
                 if !plugin.is_empty() {
-                    self.set_tick_period(SLOW_TICK);
+                    self.set_tick_period(SLOW_TICK.into());
                 } else if replaced {
                     self.set_tick_period(Duration::ZERO);
                 }

@@ -3,7 +3,7 @@
 use super::plugin::Plugin;
 use super::reply;
 use super::views::{HostRequest, HostResponse};
-use crate::pipeline::Verdict;
+use crate::pipeline::{StreamId, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
@@ -12,7 +12,7 @@ use std::rc::Rc;
 /// A stream's id and its configuration's plugin: the pipeline keeps
 /// whatever else it needs of the stream, by id.
 pub struct HttpStream {
-    id: u32,
+    id: StreamId,
     plugin: Option<Rc<Plugin>>,
 }
 
@@ -20,7 +20,10 @@ impl HttpStream {
     pub fn new(id: u32, plugin: Option<Rc<Plugin>>) -> Self {
         // A stream of an empty configuration never calls the pipeline.
         let plugin = plugin.filter(|p| !p.is_empty());
-        HttpStream { id, plugin }
+        HttpStream {
+            id: StreamId(id),
+            plugin,
+        }
     }
 }
 

@@ -1,17 +1,19 @@
 //! The current request and response, read lazily through host calls.
 
 use crate::request::{Attribute, RequestView, ResponseView};
+use crate::time::Instant;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use std::cell::RefCell;
 use std::time::UNIX_EPOCH;
 
-/// Nanoseconds since the Unix epoch, from the host.
-pub fn now_ns() -> u64 {
-    hostcalls::get_current_time()
+/// Now, from the host (nanoseconds since the Unix epoch).
+pub fn now() -> Instant {
+    let ns = hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    Instant::from_ns(ns)
 }
 
 /// The current request. Each header and attribute is fetched from the host

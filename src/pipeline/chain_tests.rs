@@ -6,6 +6,7 @@ use super::telemetry::Recorder;
 use super::*;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::time::Instant;
 use crate::wiring::parse;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -29,7 +30,8 @@ pub struct H {
 impl H {
     pub fn new(json: &str) -> H {
         let config = parse(json.as_bytes()).expect("valid");
-        let p = crate::wiring::pipeline(&config, (1, 2), 7, T0 / MS, 1).expect("builds");
+        let p =
+            crate::wiring::pipeline(&config, (1, 2), 7, Instant::from_ns(T0), 1).expect("builds");
         let rec = Recorder::of(&p.metrics);
         let mut h = H {
             p,
@@ -42,7 +44,7 @@ impl H {
             phase: vec![],
         };
         let now = h.now.clone();
-        let clock = move || now.get();
+        let clock = move || Instant::from_ns(now.get());
         let mut env = Env {
             store: &h.store,
             clock: &clock,
@@ -64,7 +66,7 @@ impl H {
         ) -> (R, Outcome),
     ) -> R {
         let now = self.now.clone();
-        let clock = move || now.get();
+        let clock = move || Instant::from_ns(now.get());
         let (r, out) = {
             let mut env = Env {
                 store: &self.store,
@@ -80,7 +82,7 @@ impl H {
         for e in out.effects {
             match e {
                 Effect::Resume { stream } => {
-                    let id = stream as usize;
+                    let id = stream.0 as usize;
                     let (v, headers) = self.with(|p, env, ss, rq| {
                         let (v, out) = p.resume(env, ss[id], &rq[id]);
                         ((v, out.request_headers.clone()), out)
@@ -92,10 +94,10 @@ impl H {
                         self.reqs[id].headers.insert(k, v.into_bytes());
                     }
                     assert_eq!(
-                        self.phase[stream as usize], 0,
+                        self.phase[stream.0 as usize], 0,
                         "resume of non-paused {stream}"
                     );
-                    self.phase[stream as usize] = match v {
+                    self.phase[stream.0 as usize] = match v {
                         Verdict::Continue => 1,
                         Verdict::Pause => 0,
                         Verdict::Reply(_) => 2,
@@ -103,7 +105,7 @@ impl H {
                 }
                 Effect::Again { stream } => {
                     let v = self.with(|p, env, ss, rq| {
-                        let id = stream as usize;
+                        let id = stream.0 as usize;
                         p.again(env, ss[id], &rq[id])
                     });
                     self.log.push(format!("again {stream} -> {:?}", v));
@@ -112,17 +114,17 @@ impl H {
                     self.log
                         .push(format!("reply {stream} {}", rejection.status));
                     assert_eq!(
-                        self.phase[stream as usize], 0,
+                        self.phase[stream.0 as usize], 0,
                         "reply to non-paused {stream}"
                     );
-                    self.phase[stream as usize] = 2;
+                    self.phase[stream.0 as usize] = 2;
                 }
             }
         }
     }
     pub fn arrive(&mut self, req: FakeRequest) -> Verdict {
         let id = self.streams.len();
-        self.streams.push(id as u32);
+        self.streams.push(StreamId(id as u32));
         self.reqs.push(req);
         self.phase.push(9);
         let v = self.with(|p, env, ss, rq| p.request(env, ss[id], &rq[id]));

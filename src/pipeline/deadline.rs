@@ -2,7 +2,7 @@
 //! headers the `deadlines` section names (`grpc-timeout`, Envoy's
 //! `x-envoy-expected-rq-timeout-ms`, or others), kept by the pipeline for
 //! the stream's life. Stages ask the pipeline how long a stream may still
-//! wait ([`super::Cx::wait_until_ms`]) and for the answer to one whose
+//! wait ([`super::Cx::wait_until`]) and for the answer to one whose
 //! deadline passed while it waited ([`super::Cx::deadline_answer`]); the
 //! pipeline sends the request upstream, after any wait, with every deadline
 //! header it carries reduced by the wait (`propagate`).
@@ -12,6 +12,7 @@ use super::telemetry::{Declared, Kind};
 use crate::hash::FastMap;
 use crate::reply::{json_str, Detail, Rejection};
 use crate::request::RequestView;
+use crate::time::{Duration, Instant};
 
 /// The metrics of deadlines.
 pub const METRICS: &[Declared] = &[Declared {
@@ -34,7 +35,7 @@ pub enum Format {
 pub struct DeadlineSpec {
     /// Headers to read, in order; the first present and valid wins.
     pub headers: Vec<(String, Format)>,
-    pub min_remaining_ms: u64,
+    pub min_remaining: Duration,
     pub propagate: bool,
     pub status: u32,
 }
@@ -43,14 +44,15 @@ impl DeadlineSpec {
     /// How long a request with deadline `d` may wait in sluice from its
     /// arrival: until it has only `min_remaining` left, when it could no
     /// longer be served in time by the operator's own measure (and would
-    /// have been refused had it arrived so).
+    /// have been refused had it arrived so), in milliseconds.
     pub fn wait_ms(&self, d: &Deadline) -> u64 {
-        d.remaining_ms.saturating_sub(self.min_remaining_ms)
+        d.remaining_ms.saturating_sub(self.min_remaining.as_ms())
     }
 }
 
 /// A request's deadline: the header it came in, and the milliseconds the
-/// caller still had when it arrived.
+/// caller still had when it arrived (as the header said: in milliseconds,
+/// as `grpc-timeout`'s 99,999,999 hours do not fit a `u64` of nanoseconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deadline {
     pub header: String,
@@ -184,11 +186,11 @@ pub fn rejection(by: &str, status: u32, remaining_ms: u64) -> Rejection {
 #[derive(Debug)]
 struct Budget {
     deadline: Deadline,
-    /// When the stream arrived (ms).
-    arrived_ms: u64,
+    /// When the stream arrived.
+    arrived: Instant,
     /// Until when it may wait in sluice: `min_remaining` before its
-    /// caller's deadline.
-    until_ms: u64,
+    /// caller's deadline (a whole millisecond).
+    until: Instant,
 }
 
 /// The deadlines of one configuration: its `deadlines` section, the
@@ -212,14 +214,14 @@ impl Budgets {
         }
     }
 
-    /// Reads the deadline of a request arriving at `now_ms`, once.
-    pub(super) fn arrive(&mut self, id: u32, req: &dyn RequestView, now_ms: u64) {
+    /// Reads the deadline of a request arriving at `now`, once.
+    pub(super) fn arrive(&mut self, id: u32, req: &dyn RequestView, now: Instant) {
         if let Some(deadline) = read(&self.spec, req) {
-            let until_ms = now_ms.saturating_add(self.spec.wait_ms(&deadline));
+            let until_ms = now.as_ms().saturating_add(self.spec.wait_ms(&deadline));
             let budget = Budget {
                 deadline,
-                arrived_ms: now_ms,
-                until_ms,
+                arrived: now,
+                until: Instant::from_ms(until_ms),
             };
             self.of.insert(id, budget);
         }
@@ -237,38 +239,44 @@ impl Budgets {
         self.of.len()
     }
 
-    /// Until when stream `id` may wait (ms), if it sent a deadline.
-    pub(super) fn until_ms(&self, id: u32) -> Option<u64> {
-        self.of.get(&id).map(|b| b.until_ms)
+    /// Until when stream `id` may wait, if it sent a deadline.
+    pub(super) fn until(&self, id: u32) -> Option<Instant> {
+        self.of.get(&id).map(|b| b.until)
     }
 
-    /// The request headers stream `id` goes upstream with at `now_ms`
-    /// after waiting since its arrival: every deadline header it carries
-    /// reduced by the wait (with `propagate`).
-    pub(super) fn headers_after_wait(&self, id: u32, now_ms: u64) -> Vec<(String, String)> {
+    /// The request headers stream `id` goes upstream with at `now` after
+    /// waiting since its arrival: every deadline header it carries reduced
+    /// by the wait, in whole milliseconds as the clock read them (with
+    /// `propagate`).
+    pub(super) fn headers_after_wait(&self, id: u32, now: Instant) -> Vec<(String, String)> {
         match self.of.get(&id) {
             Some(b) => resume_headers(
                 Some(&self.spec),
                 Some(&b.deadline),
-                now_ms.saturating_sub(b.arrived_ms),
+                now.as_ms().saturating_sub(b.arrived.as_ms()),
             ),
             None => Vec::new(),
         }
     }
 
-    /// The time stream `id` has left at `now_ms` (ms), if it sent a
-    /// deadline: what it had on arrival, less the time since.
-    pub(super) fn left_ms(&self, id: u32, now_ms: u64) -> Option<u64> {
+    /// The time stream `id` has left at `now` (ms), if it sent a deadline:
+    /// what it had on arrival, less the time since.
+    fn left_ms(&self, id: u32, now: Instant) -> Option<u64> {
         let b = self.of.get(&id)?;
-        let since = now_ms.saturating_sub(b.arrived_ms);
+        let since = now.as_ms().saturating_sub(b.arrived.as_ms());
         Some(b.deadline.remaining_ms.saturating_sub(since))
     }
 
-    /// The answer to stream `id`, whose deadline cannot be met at
-    /// `now_ms`: the configured status and the time it truly has left;
-    /// `by` names what refused it. Returns the counter to add to.
-    pub(super) fn answer(&self, id: u32, by: &str, now_ms: u64) -> (Rejection, MetricId) {
-        let left = self.left_ms(id, now_ms).unwrap_or(0);
+    /// The time stream `id` has left at `now`, if it sent a deadline.
+    pub(super) fn left(&self, id: u32, now: Instant) -> Option<Duration> {
+        self.left_ms(id, now).map(Duration::from_ms)
+    }
+
+    /// The answer to stream `id`, whose deadline cannot be met at `now`:
+    /// the configured status and the time it truly has left; `by` names
+    /// what refused it. Returns the counter to add to.
+    pub(super) fn answer(&self, id: u32, by: &str, now: Instant) -> (Rejection, MetricId) {
+        let left = self.left_ms(id, now).unwrap_or(0);
         (rejection(by, self.spec.status, left), self.refused)
     }
 }

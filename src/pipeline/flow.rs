@@ -5,6 +5,7 @@
 use super::stage::{Cx, Stage, Step, StreamId};
 use crate::reply::Rejection;
 use crate::request::RequestView;
+use crate::time::Instant;
 
 /// What the pipeline keeps of a stream while a stage holds something for
 /// it, it is paused, or headers wait for its response.
@@ -15,9 +16,9 @@ pub(super) struct StreamState {
     pub(super) holds: u64,
     /// The stage that paused the stream (a resume goes on after it).
     pub(super) paused_at: Option<usize>,
-    /// When the request arrived (ms), kept once a stage paused it: later
-    /// stages see how long it waited (`Cx::waited_ms`).
-    pub(super) arrived_ms: Option<u64>,
+    /// When the request arrived, kept once a stage paused it: later
+    /// stages see how long it waited (`Cx::waited`).
+    pub(super) arrived: Option<Instant>,
     pub(super) response_headers: Vec<(&'static str, String)>,
 }
 
@@ -76,9 +77,9 @@ pub(super) fn run(
                     stream.response_headers = d.response_headers;
                 }
                 stream.paused_at = Some(i);
-                if stream.arrived_ms.is_none() {
+                if stream.arrived.is_none() {
                     // The first pause is in the call the request arrived in.
-                    stream.arrived_ms = Some(cx.now_ms());
+                    stream.arrived = Some(cx.now());
                 }
                 tell_holders(stages, cx, stream, i, |s, cx, id| s.waiting(cx, id));
                 return Verdict::Pause;
@@ -89,7 +90,7 @@ pub(super) fn run(
             }
         }
     }
-    if stream.arrived_ms.is_some() {
+    if stream.arrived.is_some() {
         tell_holders(stages, cx, stream, stages.len(), |s, cx, id| {
             s.departed(cx, id)
         });

@@ -32,20 +32,20 @@ use crate::config::ResponseSpec;
 use crate::hash::FastMap;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
+use crate::time::{Duration, Instant};
 use deadline::Budgets;
 pub use flow::Verdict;
 use flow::{each, release, run, try_each, StreamState};
-use std::time::Duration;
 use telemetry::Registry;
 use wait::WaitList;
 
 /// The tick period while no stage has to act sooner.
-pub const SLOW_TICK: Duration = Duration::from_millis(100);
+pub const SLOW_TICK: Duration = Duration::from_ms(100);
 /// The tick period while anyone waits (a slot freed on another worker is
 /// used within about a millisecond) or a stage has to act sooner
 /// (`Stage::wants_fast_tick`: an update to retry, an adaptive limit's
 /// samples to merge).
-pub const FAST_TICK: Duration = Duration::from_millis(1);
+pub const FAST_TICK: Duration = Duration::from_ms(1);
 
 /// What the host must carry out after a call.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -124,13 +124,13 @@ impl Pipeline {
         self.with_cx_since(env, None, None, f)
     }
 
-    /// `with_cx` for a request that arrived at `arrived_ms` (a resumed
-    /// one), at `now_ns` if the time was read already.
+    /// `with_cx` for a request that arrived at `arrived` (a resumed one),
+    /// at `now` if the time was read already.
     fn with_cx_since<R>(
         &mut self,
         env: &mut Env<'_>,
-        arrived_ms: Option<u64>,
-        now_ns: Option<u64>,
+        arrived: Option<Instant>,
+        now: Option<Instant>,
         f: impl FnOnce(&mut Vec<Box<dyn Stage>>, &mut Cx<'_, '_>) -> R,
     ) -> (R, Outcome) {
         let mut effects = Vec::new();
@@ -138,8 +138,8 @@ impl Pipeline {
         let mut signals = Vec::new();
         let mut cx = Cx {
             env,
-            now_ns,
-            arrived_ms,
+            now,
+            arrived,
             budgets: self.budgets.as_ref(),
             waits: &mut self.waits,
             stage: 0,
@@ -190,12 +190,12 @@ impl Pipeline {
     ) -> (Verdict, Outcome) {
         let mut stream = StreamState::new(id);
         // The deadline is read once, on arrival, and kept for the stream.
-        let now_ns = self.budgets.as_mut().map(|b| {
-            let now_ns = (env.clock)();
-            b.arrive(id, req, now_ns / 1_000_000);
-            now_ns
+        let now = self.budgets.as_mut().map(|b| {
+            let now = (env.clock)();
+            b.arrive(id.0, req, now);
+            now
         });
-        let r = self.with_cx_since(env, None, now_ns, |stages, cx| {
+        let r = self.with_cx_since(env, None, now, |stages, cx| {
             run(stages, cx, &mut stream, req, 0)
         });
         self.keep(stream);
@@ -249,12 +249,12 @@ impl Pipeline {
             self.keep(stream);
             return (Verdict::Continue, Outcome::default());
         };
-        let arrived = stream.arrived_ms;
+        let arrived = stream.arrived;
         let ((verdict, headers), mut out) = self.with_cx_since(env, arrived, None, |stages, cx| {
             let verdict = run(stages, cx, &mut stream, req, at + after);
             // It goes on after a wait: its deadline headers, reduced.
             let headers = match (&verdict, cx.budgets) {
-                (Verdict::Continue, Some(b)) => b.headers_after_wait(id, cx.now_ms()),
+                (Verdict::Continue, Some(b)) => b.headers_after_wait(id.0, cx.now()),
                 _ => Vec::new(),
             };
             (verdict, headers)
@@ -303,7 +303,7 @@ impl Pipeline {
     /// for it releases it, exactly once.
     pub fn end(&mut self, env: &mut Env<'_>, id: StreamId) -> Outcome {
         if let Some(b) = &mut self.budgets {
-            b.end(id);
+            b.end(id.0);
         }
         let Some(mut stream) = self.streams.remove(&id) else {
             self.forget_waiter(id);
@@ -328,7 +328,7 @@ impl Pipeline {
             return self.end(env, id);
         }
         if let Some(b) = &mut self.budgets {
-            b.end(id);
+            b.end(id.0);
         }
         let mut stream = StreamState::new(id);
         stream.holds = u64::MAX;
@@ -340,7 +340,7 @@ impl Pipeline {
     /// Takes stream `id` out of the wait list, if it is there.
     fn forget_waiter(&mut self, id: StreamId) {
         if !self.waits.is_empty() {
-            self.waits.remove(id);
+            self.waits.remove(id.0);
         }
     }
 
@@ -360,11 +360,11 @@ impl Pipeline {
     pub fn tick(&mut self, env: &mut Env<'_>) -> Outcome {
         let ((), out) = self.with_cx(env, |stages, cx| {
             // Those whose time is up first: their stages answer them.
-            let now = cx.now_ms();
+            let now = cx.now();
             for (i, stream, waiter) in cx.waits.expired(now) {
                 if let Some(stage) = stages.get_mut(i) {
                     cx.stage = i;
-                    stage.timed_out(cx, stream, waiter);
+                    stage.timed_out(cx, StreamId(stream), waiter);
                 }
             }
             each(stages, cx, |s, cx| s.tick(cx));

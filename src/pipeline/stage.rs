@@ -10,16 +10,25 @@ use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use crate::store::Store;
+use crate::time::{Duration, Instant};
 
-/// The host's id of a stream (an HTTP context id, per VM).
-pub type StreamId = u32;
+/// The host's id of a stream (an HTTP context id, per VM): typed at every
+/// interface; a mechanism's own state may keep the bare number (`.0`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u32);
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// What the host lends the pipeline for one call.
 pub struct Env<'a> {
     /// Shared data.
     pub store: &'a dyn Store,
-    /// Nanoseconds since the Unix epoch; read at most once per call.
-    pub clock: &'a dyn Fn() -> u64,
+    /// Now; read at most once per call.
+    pub clock: &'a dyn Fn() -> Instant,
     /// Metrics.
     pub sink: &'a mut dyn Sink,
 }
@@ -56,7 +65,7 @@ pub struct Call {
     pub method: &'static str,
     /// The request message, encoded.
     pub message: Vec<u8>,
-    pub timeout_ms: u64,
+    pub timeout: Duration,
 }
 
 /// A word between this Envoy's VMs through a proxy-wasm shared queue: an
@@ -118,9 +127,9 @@ impl Decision {
 /// What a stage may use during one call.
 pub struct Cx<'a, 'e> {
     pub(super) env: &'a mut Env<'e>,
-    pub(super) now_ns: Option<u64>,
-    /// When the current request arrived, if it was paused since (ms).
-    pub(super) arrived_ms: Option<u64>,
+    pub(super) now: Option<Instant>,
+    /// When the current request arrived, if it was paused since.
+    pub(super) arrived: Option<Instant>,
     /// The streams' deadlines, with a `deadlines` section.
     pub(super) budgets: Option<&'a Budgets>,
     /// The streams waiting on this worker, and the stage being called.
@@ -145,45 +154,40 @@ impl<'e> Cx<'_, 'e> {
         self.env.store
     }
 
-    /// Now, in nanoseconds since the Unix epoch (read from the host once
-    /// per call, and only if a stage asks).
-    pub fn now_ns(&mut self) -> u64 {
-        match self.now_ns {
+    /// Now (read from the host once per call, and only if a stage asks).
+    pub fn now(&mut self) -> Instant {
+        match self.now {
             Some(n) => n,
             None => {
                 let n = (self.env.clock)();
-                self.now_ns = Some(n);
+                self.now = Some(n);
                 n
             }
         }
     }
 
-    /// Now, in milliseconds.
-    pub fn now_ms(&mut self) -> u64 {
-        self.now_ns() / 1_000_000
-    }
-
-    /// How long the current request has waited in earlier stages (ms): 0
-    /// on its arrival, its wait so far when a resume goes on with it.
-    pub fn waited_ms(&mut self) -> u64 {
-        match self.arrived_ms {
-            Some(a) => self.now_ms().saturating_sub(a),
-            None => 0,
+    /// How long the current request has waited in earlier stages: zero on
+    /// its arrival, its wait so far when a resume goes on with it.
+    pub fn waited(&mut self) -> Duration {
+        match self.arrived {
+            Some(a) => self.now().since(a),
+            None => Duration::ZERO,
         }
     }
 
-    /// Until when stream `id` may wait in sluice (ms): `min_remaining`
-    /// before its caller's deadline; `None` without one (or without a
-    /// `deadlines` section).
-    pub fn wait_until_ms(&self, id: StreamId) -> Option<u64> {
-        self.budgets?.until_ms(id)
+    /// Until when stream `id` may wait in sluice (a whole millisecond):
+    /// `min_remaining` before its caller's deadline; `None` without one
+    /// (or without a `deadlines` section).
+    pub fn wait_until(&self, id: StreamId) -> Option<Instant> {
+        self.budgets?.until(id.0)
     }
 
-    /// The time stream `id` still has before its caller's deadline (ms).
-    pub fn deadline_left_ms(&mut self, id: StreamId) -> Option<u64> {
+    /// The time stream `id` still has before its caller's deadline (whole
+    /// milliseconds).
+    pub fn deadline_left(&mut self, id: StreamId) -> Option<Duration> {
         let budgets = self.budgets?;
-        let now = self.now_ms();
-        budgets.left_ms(id, now)
+        let now = self.now();
+        budgets.left(id.0, now)
     }
 
     /// The answer to stream `id`, whose deadline cannot be met (or, having
@@ -191,10 +195,10 @@ impl<'e> Cx<'_, 'e> {
     /// the time it truly has left; `by` names what refused it. Counted in
     /// `sluice_deadline_refused_total`.
     pub fn deadline_answer(&mut self, id: StreamId, by: &str) -> Rejection {
-        let now = self.now_ms();
+        let now = self.now();
         match self.budgets {
             Some(b) => {
-                let (rejection, refused) = b.answer(id, by, now);
+                let (rejection, refused) = b.answer(id.0, by, now);
                 self.env.sink.add(refused, 1);
                 rejection
             }
@@ -203,29 +207,29 @@ impl<'e> Cx<'_, 'e> {
     }
 
     /// Stream `stream` waits in this stage's `line`, in order of `key`
-    /// (then of arrival), until `until_ms` if given, when the pipeline
-    /// takes it out and calls `Stage::timed_out`; the stage then answers
+    /// (then of arrival), until `until` if given, when the pipeline takes
+    /// it out and calls `Stage::timed_out`; the stage then answers
     /// `Step::Pause`. False if the stream waits already.
     pub fn wait(
         &mut self,
         stream: StreamId,
         line: LineId,
         key: u64,
-        until_ms: Option<u64>,
+        until: Option<Instant>,
     ) -> bool {
-        let since_ms = self.now_ms();
+        let since = self.now();
         let waiter = Wait {
             line,
             key,
-            since_ms,
-            until_ms,
+            since,
+            until,
         };
-        self.waits.push(self.stage, stream, waiter)
+        self.waits.push(self.stage, stream.0, waiter)
     }
 
     /// How stream `stream` waits in this stage, if it does.
     pub fn waiter(&self, stream: StreamId) -> Option<Wait> {
-        let (stage, w) = self.waits.get(stream)?;
+        let (stage, w) = self.waits.get(stream.0)?;
         (stage == self.stage).then_some(w)
     }
 
@@ -233,17 +237,19 @@ impl<'e> Cx<'_, 'e> {
     /// (exactly once: a second call finds nothing).
     pub fn leave(&mut self, stream: StreamId) -> Option<Wait> {
         self.waiter(stream)?;
-        self.waits.remove(stream).map(|(_, w)| w)
+        self.waits.remove(stream.0).map(|(_, w)| w)
     }
 
     /// The streams waiting in this stage's `line`, in order.
     pub fn in_line(&self, line: LineId) -> Vec<(StreamId, Wait)> {
-        self.waits.line(self.stage, line).collect()
+        let line = self.waits.line(self.stage, line);
+        line.map(|(s, w)| (StreamId(s), w)).collect()
     }
 
     /// The first stream waiting in this stage's `line`.
     pub fn first_in(&self, line: LineId) -> Option<(StreamId, Wait)> {
-        self.waits.line(self.stage, line).next()
+        let (s, w) = self.waits.line(self.stage, line).next()?;
+        Some((StreamId(s), w))
     }
 
     /// How many streams wait in this stage's `line`.

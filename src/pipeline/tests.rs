@@ -11,6 +11,7 @@ use super::*;
 use crate::request::fake::FakeRequest;
 use crate::request::ResponseView;
 use crate::store::memory::MemoryStore;
+use crate::time::Instant;
 use crate::wiring::parse;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -96,11 +97,17 @@ impl Sim {
     fn configure(&mut self, json: &str) {
         let config = parse(json.as_bytes()).expect("valid");
         let n = self.pipelines.len() as u64;
-        let mut p = crate::wiring::pipeline(&config, (1, 2), 7 + n as u32, self.now.get() / MS, n)
-            .expect("builds");
+        let mut p = crate::wiring::pipeline(
+            &config,
+            (1, 2),
+            7 + n as u32,
+            Instant::from_ns(self.now.get()),
+            n,
+        )
+        .expect("builds");
         let mut rec = Recorder::of(&p.metrics);
         let now = self.now.get();
-        let clock = move || now;
+        let clock = move || Instant::from_ns(now);
         let mut env = Env {
             store: &*self.store,
             clock: &clock,
@@ -117,7 +124,7 @@ impl Sim {
         f: impl FnOnce(&mut Pipeline, &mut Env<'_>) -> (R, Outcome),
     ) -> R {
         let now = self.now.get();
-        let clock = move || now;
+        let clock = move || Instant::from_ns(now);
         let (p, rec) = &mut self.pipelines[i];
         let mut env = Env {
             store: &*self.store,
@@ -134,11 +141,11 @@ impl Sim {
             let (id, to) = match e {
                 Effect::Resume { stream, .. } => {
                     self.resumed += 1;
-                    (stream, Phase::InFlight)
+                    (stream.0, Phase::InFlight)
                 }
                 Effect::Reply { stream, .. } => {
                     self.shed_from_queue += 1;
-                    (stream, Phase::Answered)
+                    (stream.0, Phase::Answered)
                 }
                 Effect::Again { stream } => panic!("no stage here decides again ({stream})"),
             };
@@ -200,7 +207,7 @@ impl Sim {
             .with_header("x-k", format!("k{key}").as_bytes())
             .with_header("x-dep", b"db")
             .with_header("x-prio", prio.as_bytes());
-        let st: StreamId = id;
+        let st = StreamId(id);
         let v = self.call(cur, |p, env| {
             let (v, out) = p.request(env, st, &req);
             (v, out)
@@ -415,7 +422,7 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
     let mut sim = Sim::new();
     let (mut p, mut rec) = sim.pipelines.pop().expect("one");
     let store = sim.store.clone();
-    let clock = || T0;
+    let clock = || Instant::from_ns(T0);
     let mut env = Env {
         store: &*store,
         clock: &clock,
@@ -426,7 +433,7 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
             .with_header("x-k", k.as_bytes())
             .with_header("x-dep", b"db")
     };
-    let streams: Vec<StreamId> = (0..3).collect();
+    let streams: Vec<StreamId> = (0..3).map(StreamId).collect();
     let mut ticks = Vec::new();
     for (i, &s) in streams.iter().enumerate() {
         let (v, out) = p.request(&mut env, s, &req(&format!("k{i}")));
@@ -436,7 +443,7 @@ fn the_fast_tick_is_asked_for_while_requests_wait_and_dropped_after() {
     assert_eq!(ticks[1], (Verdict::Continue, None));
     assert_eq!(ticks[2], (Verdict::Pause, Some(FAST_TICK)));
     let out = p.end(&mut env, streams[0]);
-    assert_eq!(out.effects, vec![Effect::Resume { stream: 2 }]);
+    assert_eq!(out.effects, vec![Effect::Resume { stream: streams[2] }]);
     assert_eq!(out.tick, Some(SLOW_TICK));
 }
 
@@ -452,9 +459,10 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
         "adaptive":{"min":1,"max":20,"initial":10}}}]}"#,
     )
     .expect("valid");
-    let mut p = crate::wiring::pipeline(&config, (1, 2), 7, T0 / MS, 0).expect("builds");
+    let mut p =
+        crate::wiring::pipeline(&config, (1, 2), 7, Instant::from_ns(T0), 0).expect("builds");
     let mut rec = Recorder::of(&p.metrics);
-    let clock = || T0;
+    let clock = || Instant::from_ns(T0);
     let mut env = Env {
         store: &*store,
         clock: &clock,
@@ -466,7 +474,7 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
     // The ticks asked for by a round of `n` requests in flight at once,
     // answered and ended, then by two ticks.
     let mut round = |n: u32| {
-        let streams: Vec<StreamId> = (0..n).collect();
+        let streams: Vec<StreamId> = (0..n).map(StreamId).collect();
         let mut asked = Vec::new();
         for &st in &streams {
             let (v, out) = p.request(&mut env, st, &req);
@@ -487,11 +495,11 @@ fn an_adaptive_limits_samples_ask_for_the_fast_tick_while_the_limit_is_in_full_u
     assert_eq!(round(10), (vec![FAST_TICK], Some(SLOW_TICK), None));
     // A sample already waiting, then the arrival that fills the limit:
     // the fast tick from that arrival on.
-    let first: StreamId = 100;
+    let first = StreamId(100);
     assert_eq!(p.request(&mut env, first, &req).0, Verdict::Continue);
     assert_eq!(p.response(&mut env, first, &Response(200)).1.tick, None);
     assert_eq!(p.end(&mut env, first).tick, None);
-    let streams: Vec<StreamId> = (0..10).collect();
+    let streams: Vec<StreamId> = (0..10).map(StreamId).collect();
     let asked: Vec<_> = streams
         .iter()
         .map(|&st| p.request(&mut env, st, &req).1.tick)
@@ -524,7 +532,7 @@ struct Later(Rc<Cell<u32>>, Rc<Cell<u64>>);
 impl Stage for Later {
     fn request(&mut self, cx: &mut Cx<'_, '_>, _s: StreamId, r: &dyn RequestView) -> Decision {
         self.0.set(self.0.get() + 1);
-        self.1.set(cx.waited_ms());
+        self.1.set(cx.waited().as_ms());
         match r.header("x-no") {
             Some(_) => Decision::of(
                 Step::Reply(crate::reply::Rejection {
@@ -549,7 +557,8 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     let (released, seen) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
     let waited = Rc::new(Cell::new(u64::MAX));
     let mut p =
-        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
+        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, Instant::EPOCH, 0)
+            .expect("builds");
     p.stages = vec![
         Box::new(Pauser(released.clone())),
         Box::new(Later(seen.clone(), waited.clone())),
@@ -558,14 +567,14 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     let mut rec = Recorder::default();
     let now = Rc::new(Cell::new(T0));
     let at = now.clone();
-    let clock = move || at.get();
+    let clock = move || Instant::from_ns(at.get());
     let mut env = Env {
         store: &store,
         clock: &clock,
         sink: &mut rec,
     };
     let ok = FakeRequest::new("GET", "/");
-    let a: StreamId = 1;
+    let a = StreamId(1);
     assert_eq!(p.request(&mut env, a, &ok).0, Verdict::Pause);
     assert_eq!(seen.get(), 0, "a later stage saw a paused request");
     now.set(T0 + 250 * MS);
@@ -581,7 +590,7 @@ fn a_resumed_stream_goes_through_the_stages_after_the_one_that_paused_it() {
     // Refused by the later stage on its resume: the pausing stage's hold
     // is released at once, and not again when the stream ends.
     let no = FakeRequest::new("GET", "/").with_header("x-no", b"1");
-    let b: StreamId = 2;
+    let b = StreamId(2);
     assert_eq!(p.request(&mut env, b, &no).0, Verdict::Pause);
     assert!(matches!(p.resume(&mut env, b, &no).0, Verdict::Reply(_)));
     assert_eq!(released.get(), 2);
@@ -596,14 +605,16 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
             .expect("valid");
     let store = MemoryStore::default();
     let mut rec = Recorder::default();
-    let clock = || T0;
+    let clock = || Instant::from_ns(T0);
     let mut env = Env {
         store: &store,
         clock: &clock,
         sink: &mut rec,
     };
-    let mut a = crate::wiring::pipeline(&config, (1, 2), 0xa, T0 / MS, 1).expect("built");
-    let mut b = crate::wiring::pipeline(&config, (1, 2), 0xb, T0 / MS, 2).expect("built");
+    let mut a =
+        crate::wiring::pipeline(&config, (1, 2), 0xa, Instant::from_ns(T0), 1).expect("built");
+    let mut b =
+        crate::wiring::pipeline(&config, (1, 2), 0xb, Instant::from_ns(T0), 2).expect("built");
     a.start(&mut env).expect("started");
     // Each worker listens on a queue of its own, from its first tick.
     let listen = |out: Outcome| -> Vec<String> {
@@ -620,11 +631,11 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
     assert!(listen(b.tick(&mut env)).is_empty(), "once");
     // a holds both slots; b's request waits.
     let req = FakeRequest::new("GET", "/");
-    let held: Vec<StreamId> = (0..2).collect();
+    let held: Vec<StreamId> = (0..2).map(StreamId).collect();
     for &s in &held {
         assert_eq!(a.request(&mut env, s, &req).0, Verdict::Continue);
     }
-    let waiting: StreamId = 10;
+    let waiting = StreamId(10);
     assert_eq!(b.request(&mut env, waiting, &req).0, Verdict::Pause);
     // a's request ends: the slot is b's waiter's, and a wakes b...
     let out = a.end(&mut env, held[0]);
@@ -633,7 +644,7 @@ fn a_slot_freed_on_one_worker_for_a_waiter_on_another_wakes_that_worker_at_once(
     // ...whose wake-up (on its queue, not another) lets its waiter go on.
     assert!(b.woken(&mut env, &qa[0]).effects.is_empty());
     let out = b.woken(&mut env, &qb[0]);
-    assert_eq!(out.effects, vec![Effect::Resume { stream: 10 }]);
+    assert_eq!(out.effects, vec![Effect::Resume { stream: waiting }]);
     // Nobody waits now: the next release wakes nobody.
     assert!(a.end(&mut env, held[1]).signals.is_empty());
 }
@@ -659,27 +670,29 @@ impl Stage for PausesAndForgets {
 fn a_stream_answered_while_paused_still_ends_at_the_stage_that_paused_it() {
     let ended = Rc::new(Cell::new(0));
     let mut p =
-        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, 0, 0).expect("builds");
+        crate::wiring::pipeline(&parse(b"{}").expect("valid"), (1, 2), 1, Instant::EPOCH, 0)
+            .expect("builds");
     p.stages = vec![Box::new(PausesAndForgets(ended.clone()))];
     let store = MemoryStore::default();
     let mut rec = Recorder::default();
-    let clock = || T0;
+    let clock = || Instant::from_ns(T0);
     let mut env = Env {
         store: &store,
         clock: &clock,
         sink: &mut rec,
     };
     let req = FakeRequest::new("GET", "/");
-    assert_eq!(p.request(&mut env, 1, &req).0, Verdict::Pause);
+    let one = StreamId(1);
+    assert_eq!(p.request(&mut env, one, &req).0, Verdict::Pause);
     // Envoy answers it (a timeout, say) while it waits, then it ends.
-    let _ = p.response(&mut env, 1, &Response(504));
-    p.end(&mut env, 1);
+    let _ = p.response(&mut env, one, &Response(504));
+    p.end(&mut env, one);
     assert_eq!(ended.get(), 1, "the stage that paused it heard of its end");
     assert_eq!(p.streams_kept(), 0);
     // A stream the host lost and the pipeline no longer knows: every stage
     // is told, whatever it may hold for it.
-    p.gone(&mut env, 7);
+    p.gone(&mut env, StreamId(7));
     assert_eq!(ended.get(), 2);
-    p.end(&mut env, 7);
+    p.end(&mut env, StreamId(7));
     assert_eq!(ended.get(), 2, "once");
 }

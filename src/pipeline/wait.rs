@@ -11,6 +11,7 @@
 //! its stream ends.
 
 use crate::hash::FastMap;
+use crate::time::Instant;
 use std::collections::VecDeque;
 
 /// A stage's number for one of its lines.
@@ -25,11 +26,11 @@ pub struct Wait {
     /// arrival among equal keys (a stage that gives the arrival time gets
     /// first in, first out; a turn or a due time orders by that).
     pub key: u64,
-    /// When it started waiting here (ms).
-    pub since_ms: u64,
+    /// When it started waiting here.
+    pub since: Instant,
     /// When the pipeline takes it out and tells its stage
     /// (`Stage::timed_out`), if ever.
-    pub until_ms: Option<u64>,
+    pub until: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -125,15 +126,15 @@ impl WaitList {
         out
     }
 
-    /// Takes out every waiter whose time is up at `now_ms`: (stage,
-    /// stream, waiter), in order of their time. Each line they leave is
-    /// gone through once, however many leave it.
-    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<(usize, u32, Wait)> {
-        let mut due: Vec<(u64, u32)> = self
+    /// Takes out every waiter whose time is up at `now`: (stage, stream,
+    /// waiter), in order of their time. Each line they leave is gone
+    /// through once, however many leave it.
+    pub(super) fn expired(&mut self, now: Instant) -> Vec<(usize, u32, Wait)> {
+        let mut due: Vec<(Instant, u32)> = self
             .of
             .iter()
-            .filter_map(|(s, e)| Some((e.waiter.until_ms?, *s)))
-            .filter(|&(until, _)| until <= now_ms)
+            .filter_map(|(s, e)| Some((e.waiter.until?, *s)))
+            .filter(|&(until, _)| until <= now)
             .collect();
         if due.is_empty() {
             return Vec::new();
@@ -173,8 +174,8 @@ mod tests {
         Wait {
             line,
             key,
-            since_ms: 0,
-            until_ms,
+            since: Instant::EPOCH,
+            until: until_ms.map(Instant::from_ms),
         }
     }
 
@@ -205,9 +206,13 @@ mod tests {
         l.push(0, 2, w(1, 1, Some(10)));
         l.push(1, 3, w(2, 0, None));
         l.push(1, 4, w(2, 1, Some(31)));
-        let out: Vec<u32> = l.expired(30).into_iter().map(|(_, s, _)| s).collect();
+        let out: Vec<u32> = l
+            .expired(Instant::from_ms(30))
+            .into_iter()
+            .map(|(_, s, _)| s)
+            .collect();
         assert_eq!(out, [2, 1]);
-        assert!(l.expired(30).is_empty());
+        assert!(l.expired(Instant::from_ms(30)).is_empty());
         assert_eq!(l.len(), 2);
         assert_eq!(l.get(4).map(|(st, _)| st), Some(1));
     }

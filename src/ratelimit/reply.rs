@@ -10,6 +10,7 @@ use crate::reply::{
     ceil_secs, decimal, push_decimal, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED,
 };
 use crate::rng::SplitMix;
+use crate::time::Duration;
 use std::rc::Rc;
 
 /// What the adapter must do with the request.
@@ -75,7 +76,8 @@ pub fn action(
             Action::Continue { response_headers }
         }
         LimitVerdict::Deny { rule, wait_ns } => {
-            let retry_after = retry_after_secs(wait_ns, spec.retry_after_jitter_ns, rng);
+            let spread = Duration::from_ns(spec.retry_after_jitter_ns);
+            let retry_after = retry_after_secs(Duration::from_ns(wait_ns), spread, rng);
             let name = policies
                 .get(rule)
                 .map_or_else(|| Rc::from(""), |p| p.name.clone());

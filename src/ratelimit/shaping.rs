@@ -78,9 +78,9 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn held(stream: StreamId, due_ns: u64, rules: Vec<usize>) -> Held {
+    fn held(stream: u32, due_ns: u64, rules: Vec<usize>) -> Held {
         Held {
-            stream,
+            stream: StreamId(stream),
             since_ns: 0,
             due_ns,
             rules,
@@ -98,13 +98,13 @@ mod tests {
         assert_eq!((l.count(0), l.count(1)), (2, 2));
         let due: Vec<_> = [2, 3]
             .iter()
-            .filter_map(|&s| l.take(s))
-            .map(|h| h.stream)
+            .filter_map(|&s| l.take(StreamId(s)))
+            .map(|h| h.stream.0)
             .collect();
         assert_eq!(due, vec![2, 3]);
         assert_eq!((l.count(0), l.count(1)), (1, 0));
-        assert!(l.take(2).is_none(), "released once");
-        assert_eq!(l.take(1).map(|h| h.stream), Some(1));
+        assert!(l.take(StreamId(2)).is_none(), "released once");
+        assert_eq!(l.take(StreamId(1)).map(|h| h.stream.0), Some(1));
         assert!(l.is_empty());
         assert_eq!(l.count(0), 0);
     }

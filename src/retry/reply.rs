@@ -1,13 +1,13 @@
 //! What a client whose retry was over budget sees: distinct from a rate
 //! limit (`x-sluice-retry-budget: exhausted`, error `retry_budget_exhausted`).
 
-use crate::duration::NS_PER_S;
 use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
+use crate::time::Duration;
 
 /// The refusal of a retry over budget `name`.
 pub fn rejection(name: &str, status: u32, spread_ns: u64, rng: &mut SplitMix) -> Rejection {
-    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
+    let retry_after = retry_after_secs(Duration::from_secs(1), Duration::from_ns(spread_ns), rng);
     Rejection {
         status,
         headers: vec![

@@ -125,7 +125,7 @@ impl Stage for RetryStage {
                 cx.add(m.first_tries, 1);
                 continue;
             }
-            let now = cx.now_ms();
+            let now = cx.now().as_ms();
             let (verdict, ratio, failed) = self.budgets.retry(cx.store(), now, b);
             self.count_failures(cx, failed);
             cx.record(m.ratio, ratio);
@@ -144,7 +144,7 @@ impl Stage for RetryStage {
     }
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         let failed = self.budgets.flush(cx.store(), now);
         self.count_failures(cx, failed);
     }

@@ -1,8 +1,8 @@
 //! What a client whose request was shed sees.
 
-use crate::duration::NS_PER_S;
 use crate::reply::{decimal, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
+use crate::time::Duration;
 
 /// The answer to a request shed for overload: distinguishable from a rate
 /// limit (429) and a breaker (`x-sluice-circuit`) by `x-sluice-shed`.
@@ -13,7 +13,7 @@ pub fn rejection(
     spread_ns: u64,
     rng: &mut SplitMix,
 ) -> Rejection {
-    let retry_after = retry_after_secs(NS_PER_S, spread_ns, rng);
+    let retry_after = retry_after_secs(Duration::from_secs(1), Duration::from_ns(spread_ns), rng);
     Rejection {
         status,
         headers: vec![

@@ -20,6 +20,7 @@ use crate::config::ConfigError;
 use crate::pipeline::deadline::Budgets;
 use crate::pipeline::telemetry::{Declared, Kind, Registry};
 use crate::pipeline::{Pipeline, Stage};
+use crate::time::Instant;
 
 /// Every mechanism's table of the metrics it may define.
 pub const METRIC_TABLES: &[&[Declared]] = &[
@@ -36,13 +37,13 @@ pub const METRIC_TABLES: &[&[Declared]] = &[
 /// anything is spent); breakers next, so a fast-failed request spends no
 /// token; then retry budgets; then concurrency limits per key; then rate
 /// limits; then shedders, which may queue. `seed` is the hash seed every VM
-/// of this Envoy shares; `worker` a random tag of this VM; `now_ms` the
+/// of this Envoy shares; `worker` a random tag of this VM; `now` the
 /// time; `rng` seeds jitter.
 pub fn pipeline(
     config: &Config,
     seed: (u64, u64),
     worker: u32,
-    now_ms: u64,
+    now: Instant,
     rng: u64,
 ) -> Result<Pipeline, ConfigError> {
     let common = &config.common;
@@ -63,7 +64,7 @@ pub fn pipeline(
         crate::retry::stage::build(&config.retry_budgets, common, m)?,
         crate::bulkhead::stage::build(&config.concurrency_limits, common, seed, m)?,
         crate::ratelimit::stage::build(&config.rules, common, seed, rng, m)?,
-        crate::shed::stage::build(&config.shedders, common, now_ms, worker, m)?,
+        crate::shed::stage::build(&config.shedders, common, now.as_ms(), worker, m)?,
     ]
     .into_iter()
     .flatten()

@@ -4,6 +4,7 @@
 use crate::config::HeaderStyle;
 use crate::keys::KeyPart;
 use crate::keys::MissingKey;
+use crate::time::Instant;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -477,7 +478,7 @@ const EVERYTHING: &str = r#"{"deadlines":{},
 #[test]
 fn every_declared_metric_is_defined_by_some_configuration_and_documented() {
     let config = parse(EVERYTHING.as_bytes()).expect("valid");
-    let p = crate::wiring::pipeline(&config, (1, 2), 1, 0, 0).expect("builds");
+    let p = crate::wiring::pipeline(&config, (1, 2), 1, Instant::EPOCH, 0).expect("builds");
     let defined: Vec<&str> = p
         .metrics
         .defs

@@ -252,7 +252,7 @@ impl Coordinator {
             service: SERVICE,
             method: METHOD,
             message,
-            timeout_ms,
+            timeout: crate::time::Duration::from_ms(timeout_ms),
         })
     }
 }

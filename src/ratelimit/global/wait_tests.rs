@@ -7,6 +7,7 @@ use crate::pipeline::telemetry::{MetricId, Sink};
 use crate::pipeline::{Effect, Env, Outcome, Pipeline, Signal, StreamId, Verdict};
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::time::Instant;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -28,15 +29,21 @@ struct Vm {
 impl Vm {
     fn new(json: &str, worker: u32, store: &MemoryStore) -> Self {
         let config = parse(json.as_bytes()).expect("valid");
-        let mut p = crate::wiring::pipeline(&config, (1, 2), worker, T0 / MS, u64::from(worker))
-            .expect("builds");
+        let mut p = crate::wiring::pipeline(
+            &config,
+            (1, 2),
+            worker,
+            Instant::from_ns(T0),
+            u64::from(worker),
+        )
+        .expect("builds");
         p.start(&mut env(store, T0, &mut Nothing)).expect("starts");
         Vm { p }
     }
 }
 
 fn env<'a>(store: &'a MemoryStore, now: u64, sink: &'a mut Nothing) -> Env<'a> {
-    let clock: &'a dyn Fn() -> u64 = Box::leak(Box::new(move || now));
+    let clock: &'a dyn Fn() -> Instant = Box::leak(Box::new(move || Instant::from_ns(now)));
     Env { store, clock, sink }
 }
 
@@ -59,7 +66,7 @@ fn agains(out: &Outcome) -> Vec<u32> {
     out.effects
         .iter()
         .filter_map(|e| match e {
-            Effect::Again { stream } => Some(*stream),
+            Effect::Again { stream } => Some(stream.0),
             _ => None,
         })
         .collect()
@@ -83,7 +90,7 @@ fn a_new_keys_request_waits_for_its_first_tokens_then_goes_on() {
     );
     worker.p.tick(&mut env(&store, T0 + MS, s));
     // A new key: no tokens yet; the request waits (paused), it is not refused.
-    let one: StreamId = 1;
+    let one = StreamId(1);
     let (v, _) = worker
         .p
         .request(&mut env(&store, T0 + 20 * MS, s), one, &req("k"));
@@ -131,8 +138,8 @@ fn a_request_waits_no_longer_than_wait_for_tokens_and_a_gone_client_leaves_nothi
     let s = &mut Nothing;
     leader.p.tick(&mut env(&store, T0, s));
     worker.p.tick(&mut env(&store, T0 + MS, s));
-    let two: StreamId = 2;
-    let three: StreamId = 3;
+    let two = StreamId(2);
+    let three = StreamId(3);
     let at = T0 + 20 * MS;
     let (v, _) = worker.p.request(&mut env(&store, at, s), two, &req("k2"));
     assert_eq!(v, Verdict::Pause);
@@ -168,7 +175,7 @@ fn without_wait_for_tokens_a_new_keys_request_is_refused_at_once() {
     worker.p.tick(&mut env(&store, T0, s));
     let (v, _) = worker
         .p
-        .request(&mut env(&store, T0 + 20 * MS, s), 1, &req("k"));
+        .request(&mut env(&store, T0 + 20 * MS, s), StreamId(1), &req("k"));
     assert!(
         matches!(v, Verdict::Reply(ref r) if r.status == 429),
         "{v:?}"
@@ -212,7 +219,7 @@ fn a_request_admitted_after_waiting_goes_on_with_its_deadline_reduced() {
     leader.p.tick(&mut env(&store, T0, s));
     worker.p.tick(&mut env(&store, T0 + MS, s));
     let r = req("k").with_header("x-envoy-expected-rq-timeout-ms", b"1000");
-    let one: StreamId = 1;
+    let one = StreamId(1);
     let (v, _) = worker.p.request(&mut env(&store, T0 + 20 * MS, s), one, &r);
     assert_eq!(v, Verdict::Pause);
     let out = worker.p.tick(&mut env(&store, T0 + 21 * MS, s));

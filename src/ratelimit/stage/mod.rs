@@ -180,7 +180,7 @@ impl Stage for RateLimits {
         stream: StreamId,
         req: &dyn RequestView,
     ) -> Decision {
-        let now = cx.now_ns();
+        let now = cx.now().as_ns();
         if self.shaping {
             return self.shape(cx, stream, req, now);
         }
@@ -230,7 +230,7 @@ impl Stage for RateLimits {
 
     fn tick(&mut self, cx: &mut Cx<'_, '_>) {
         if let Some(g) = self.global.as_mut() {
-            let now_ms = cx.now_ms();
+            let now_ms = cx.now().as_ms();
             let report = g.tick(cx.store(), now_ms, cx.rng);
             self.apply(cx, report);
         }
@@ -244,7 +244,7 @@ impl Stage for RateLimits {
             return;
         }
         // Those whose turn came, in order of their turns.
-        let now = cx.now_ns();
+        let now = cx.now().as_ns();
         while let Some((stream, w)) = cx.first_in(TURNS) {
             if w.key > now {
                 break;
@@ -282,7 +282,7 @@ impl Stage for RateLimits {
 
     fn call_done(&mut self, cx: &mut Cx<'_, '_>, id: u64, body: Option<&[u8]>) {
         if let Some(g) = self.global.as_mut() {
-            let now_ms = cx.now_ms();
+            let now_ms = cx.now().as_ms();
             let report = g.done(cx.store(), now_ms, cx.rng, id, body);
             self.apply(cx, report);
         }
@@ -290,7 +290,7 @@ impl Stage for RateLimits {
 
     fn woken(&mut self, cx: &mut Cx<'_, '_>, queue: &str) {
         if let Some(g) = self.global.as_mut().filter(|g| g.queue == queue) {
-            let now_ms = cx.now_ms();
+            let now_ms = cx.now().as_ms();
             let mut report = Report::default();
             g.hurry(cx.store(), now_ms, &mut report);
             self.apply(cx, report);
@@ -302,7 +302,7 @@ impl Stage for RateLimits {
             if g.is_leader() {
                 cx.add(self.leader_metric, -1);
             }
-            let now_ms = cx.now_ms();
+            let now_ms = cx.now().as_ms();
             g.close(cx.store(), now_ms);
         }
     }
@@ -311,8 +311,8 @@ impl Stage for RateLimits {
 /// How long stream `stream` may still wait here at `now_ns` (ns): until
 /// `min_remaining` before its deadline, or without end if it sent none.
 fn wait_left_ns(cx: &Cx<'_, '_>, stream: StreamId, now_ns: u64) -> u64 {
-    match cx.wait_until_ms(stream) {
-        Some(until_ms) => until_ms.saturating_mul(NS_PER_MS).saturating_sub(now_ns),
+    match cx.wait_until(stream) {
+        Some(until) => until.as_ns().saturating_sub(now_ns),
         None => u64::MAX,
     }
 }

@@ -10,6 +10,7 @@ use crate::pipeline::stage::{Cx, Decision, Step, StreamId};
 use crate::ratelimit::global::{Mode, STARVED_WAIT_NS};
 use crate::ratelimit::{Evaluation, LimitVerdict, RuleResult};
 use crate::request::RequestView;
+use crate::time::Instant;
 
 /// A request refused only for want of a global key's tokens, waiting for
 /// them (`global.wait_for_tokens`): decided on again on every fast tick
@@ -77,7 +78,7 @@ impl RateLimits {
             // Decided on again on every tick; in line a second past its
             // time at most (see `timed_out`).
             let last_ms = until_ns.saturating_add(NS_PER_S) / NS_PER_MS;
-            cx.wait(stream, super::TOKENS, now, Some(last_ms));
+            cx.wait(stream, super::TOKENS, now, Some(Instant::from_ms(last_ms)));
             cx.tick_changed = true;
         }
         Some(Decision::of(Step::Pause, true))

@@ -12,7 +12,7 @@ impl ShedStage {
         let Some(since) = self.admitted_ns.remove(&id) else {
             return;
         };
-        let now_ns = cx.now_ns();
+        let now_ns = cx.now().as_ns();
         let latency_us = now_ns.saturating_sub(since) / 1_000;
         for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
             self.shedders.sample(s, latency_us, now_ns / 1_000_000);
@@ -36,7 +36,7 @@ impl ShedStage {
         if !self.adaptive {
             return;
         }
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         self.shedders.adapt(cx.store(), now);
         for s in 0..self.shedders.rules.len() {
             if let Some((limit, floor)) = self.m(s).adaptive {

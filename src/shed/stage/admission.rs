@@ -36,7 +36,7 @@ impl ShedStage {
         self.held.entry(id).or_default().push(s);
         cx.add(self.m(s).in_flight, 1);
         if self.adaptive {
-            let now = cx.now_ns();
+            let now = cx.now().as_ns();
             self.admitted_ns.entry(id).or_insert(now);
         }
     }
@@ -79,7 +79,7 @@ impl ShedStage {
         }
         let mut cancelled = false;
         for s in 0..self.shedders.rules.len() {
-            if self.shedders.cancel(cx.store(), s, id) {
+            if self.shedders.cancel(cx.store(), s, id.0) {
                 cancelled = true;
                 cx.add(self.m(s).queued, -1);
             }
@@ -102,7 +102,7 @@ impl ShedStage {
         for (k, &(s, class)) in classes.iter().enumerate() {
             let arrival = self
                 .shedders
-                .arrive_until(cx.store(), now, s, (id, class), until);
+                .arrive_until(cx.store(), now, s, (id.0, class), until);
             self.changes(cx);
             match arrival {
                 Arrival::Admit { slot: true } => self.hold(cx, id, s),
@@ -121,7 +121,7 @@ impl ShedStage {
                     cx.tick_changed = true;
                     if let Some(w) = evicted {
                         cx.add(self.m(s).queued, -1);
-                        self.shed_other(cx, s, w.class, w.id);
+                        self.shed_other(cx, s, w.class, StreamId(w.id));
                     }
                     // The shedders after this one see it when it leaves
                     // the queue (`pass_rest`).

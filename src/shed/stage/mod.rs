@@ -21,6 +21,7 @@ use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::Registry;
 use crate::request::{RequestView, ResponseView};
+use crate::time::Instant;
 use log::{debug, warn};
 pub use metrics::METRICS;
 use metrics::{shedder_metrics, OneShedder};
@@ -133,10 +134,10 @@ impl Stage for ShedStage {
     }
 
     fn request(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, req: &dyn RequestView) -> Decision {
-        let now = cx.now_ms();
+        let now = cx.now().as_ms();
         let classes = self.shedders.classify(req);
         let mut watched = Vec::new();
-        let until = cx.wait_until_ms(id);
+        let until = cx.wait_until(id).map(Instant::as_ms);
         let step = self.arrive(cx, (id, now), classes, until, &mut watched);
         self.ask_merge_soon(cx);
         if let Some(Step::Reply(r)) = step {
@@ -161,7 +162,7 @@ impl Stage for ShedStage {
             self.ask_merge_soon(cx);
         }
         if let Some((watched, start_ms)) = self.watched.remove(&id) {
-            let now = cx.now_ms();
+            let now = cx.now().as_ms();
             for s in watched {
                 let reported_ms = self
                     .shedders

@@ -7,6 +7,7 @@ use super::{queue_name, Rest, ShedStage};
 use crate::pipeline::stage::{Cx, Effect, Signal, Step, StreamId};
 use crate::reply::Rejection;
 use crate::shed::Wake;
+use crate::time::Instant;
 
 impl ShedStage {
     /// Resumes or sheds queued streams (after a release, and on ticks).
@@ -34,7 +35,7 @@ impl ShedStage {
             if sh.queued(s) == 0 && !sh.overloaded(s) && !sh.has_retries() {
                 continue;
             }
-            let now = cx.now_ms();
+            let now = cx.now().as_ms();
             let wakes = self.shedders.wake(cx.store(), now, s);
             self.changes(cx);
             let m = self.m(s);
@@ -46,6 +47,7 @@ impl ShedStage {
                         waited_ms,
                         slot,
                     } => {
+                        let id = StreamId(id);
                         cx.record(m.queue_ms, waited_ms);
                         if slot {
                             self.hold(cx, id, s);
@@ -55,8 +57,10 @@ impl ShedStage {
                             None => self.go_on(cx, id),
                         }
                     }
-                    Wake::Shed { waiter } => self.shed_other(cx, s, waiter.class, waiter.id),
-                    Wake::Expired { waiter } => self.expired(cx, s, waiter.id),
+                    Wake::Shed { waiter } => {
+                        self.shed_other(cx, s, waiter.class, StreamId(waiter.id))
+                    }
+                    Wake::Expired { waiter } => self.expired(cx, s, StreamId(waiter.id)),
                 }
             }
         }
@@ -67,8 +71,8 @@ impl ShedStage {
     /// that match it, as it would have on arrival: each may admit it, queue
     /// it (again) or shed it. Admitted by all, it goes on.
     pub(super) fn pass_rest(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, rest: Rest) {
-        let now = cx.now_ms();
-        let until = cx.wait_until_ms(id);
+        let now = cx.now().as_ms();
+        let until = cx.wait_until(id).map(Instant::as_ms);
         let mut watched = Vec::new();
         match self.arrive(cx, (id, now), rest.classes, until, &mut watched) {
             None => {
@@ -94,7 +98,7 @@ impl ShedStage {
     /// starts here, not at a slot taken before a wait at another shedder.
     pub(super) fn go_on(&mut self, cx: &mut Cx<'_, '_>, id: StreamId) {
         if self.adaptive && self.held.contains_key(&id) {
-            let now_ns = cx.now_ns();
+            let now_ns = cx.now().as_ns();
             self.admitted_ns.insert(id, now_ns);
         }
         cx.effects.push(Effect::Resume { stream: id });
