@@ -2,6 +2,8 @@
 //! wait, refusing what cannot finish, and never queueing past one.
 
 use crate::pipeline::deadline::*;
+use crate::pipeline::telemetry::Registry;
+use crate::pipeline::wait::WaitList;
 use crate::request::fake::FakeRequest;
 use crate::shed::{Arrival, Class, Shedders, Wake};
 use crate::store::memory::MemoryStore;
@@ -102,22 +104,33 @@ fn a_queued_request_never_waits_past_its_deadline() {
     let c =
         parse(br#"{"shedders":[{"name":"q","concurrency":{"max":1,"queue":4,"max_wait":"1s"}}]}"#)
             .expect("valid");
-    let mut sh = Shedders::new(&c.shedders, &c.common, 1_000, 7).expect("ok");
+    let mut sh =
+        Shedders::new(&c.shedders, &c.common, (1_000, 7), &mut Registry::default()).expect("ok");
     let store = MemoryStore::default();
     sh.create(&store).expect("created");
+    // The lines its waiters wait in (the pipeline's, in the stage).
+    let mut lines = WaitList::default();
+    let s = sh.ids().next().expect("a shedder");
     assert_eq!(
-        sh.arrive(&store, 1_000, 0, 1, Class::Default),
+        sh.arrive(&mut lines, &store, 1_000, s, 1, Class::Default).0,
         Arrival::Admit { slot: true }
     );
-    let got = sh.arrive_until(&store, 1_000, 0, (2, Class::Critical), Some(1_150));
-    assert_eq!(got, Arrival::Queue { evicted: None });
-    assert_eq!(sh.wake(&store, 1_149, 0), vec![]);
-    let woke = sh.wake(&store, 1_150, 0);
+    let got = sh.arrive_until(
+        &mut lines,
+        &store,
+        1_000,
+        s,
+        (2, Class::Critical),
+        Some(1_150),
+    );
+    assert_eq!(got.0, Arrival::Queue { evicted: None });
+    assert_eq!(sh.wake(&mut lines, &store, 1_149, s).0, vec![]);
+    let (woke, _) = sh.wake(&mut lines, &store, 1_150, s);
     assert!(
         matches!(woke.as_slice(), [Wake::Expired { waiter }] if waiter.id == 2),
         "{woke:?}"
     );
-    assert_eq!(sh.queued(0), 0);
+    assert_eq!(sh.queued(&lines, s), 0);
 }
 
 #[test]

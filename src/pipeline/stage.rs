@@ -252,6 +252,25 @@ impl<'e> Cx<'_, 'e> {
         Some((StreamId(s), w))
     }
 
+    /// The streams waiting in this stage's `line`, in order (nothing
+    /// collected).
+    pub fn each_in(&self, line: LineId) -> impl Iterator<Item = (StreamId, Wait)> + '_ {
+        let line = self.waits.line(self.stage, line);
+        line.map(|(s, w)| (StreamId(s), w))
+    }
+
+    /// The last stream waiting in this stage's `line` (the greatest key,
+    /// the newest among equal ones).
+    pub fn last_in(&self, line: LineId) -> Option<(StreamId, Wait)> {
+        let (s, w) = self.waits.last(self.stage, line)?;
+        Some((StreamId(s), w))
+    }
+
+    /// Whether nobody waits on this worker, in any stage.
+    pub fn nobody_waits(&self) -> bool {
+        self.waits.is_empty()
+    }
+
     /// How many streams wait in this stage's `line`.
     pub fn count_in(&self, line: LineId) -> usize {
         self.waits.count(self.stage, line)

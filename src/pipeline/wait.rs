@@ -109,6 +109,12 @@ impl WaitList {
             .filter_map(|s| Some((*s, self.of.get(s)?.waiter)))
     }
 
+    /// The last stream of a line (the greatest key, the newest among equal ones).
+    pub(super) fn last(&self, stage: usize, line: LineId) -> Option<(u32, Wait)> {
+        let s = self.lines.get(&(stage, line))?.back()?;
+        Some((*s, self.of.get(s)?.waiter))
+    }
+
     /// How many wait in a line.
     pub(super) fn count(&self, stage: usize, line: LineId) -> usize {
         self.lines.get(&(stage, line)).map_or(0, VecDeque::len)
@@ -164,6 +170,35 @@ impl WaitList {
     }
 }
 
+/// A list of one stage's own, outside a pipeline (that stage's unit
+/// tests): the stage's lines, read and changed as through `Cx`.
+#[cfg(test)]
+impl WaitList {
+    pub(crate) fn join(&mut self, stream: u32, waiter: Wait) -> bool {
+        self.push(0, stream, waiter)
+    }
+
+    pub(crate) fn leave(&mut self, stream: u32) -> Option<Wait> {
+        self.remove(stream).map(|(_, w)| w)
+    }
+
+    pub(crate) fn waiter(&self, stream: u32) -> Option<Wait> {
+        self.get(stream).map(|(_, w)| w)
+    }
+
+    pub(crate) fn each_in(&self, line: LineId) -> impl Iterator<Item = (u32, Wait)> + '_ {
+        self.line(0, line)
+    }
+
+    pub(crate) fn last_in(&self, line: LineId) -> Option<(u32, Wait)> {
+        self.last(0, line)
+    }
+
+    pub(crate) fn count_in(&self, line: LineId) -> usize {
+        self.count(0, line)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +224,12 @@ mod tests {
         assert!(!l.push(0, 1, w(8, 0, None)), "one place per stream");
         let order: Vec<u32> = l.line(0, 7).map(|(s, _)| s).collect();
         assert_eq!(order, [2, 1, 3]);
+        assert_eq!(
+            l.last(0, 7).map(|(s, _)| s),
+            Some(3),
+            "the newest of the greatest key"
+        );
+        assert_eq!(l.last(0, 8), None);
         assert_eq!((l.count(0, 7), l.count(1, 7), l.len()), (3, 1, 4));
         assert_eq!(l.remove(1).map(|(st, x)| (st, x.key)), Some((0, 10)));
         assert_eq!(l.remove(1), None);

@@ -3,6 +3,7 @@
 
 use super::tests::*;
 use super::*;
+use crate::pipeline::telemetry::Registry;
 use crate::store::memory::MemoryStore;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -64,7 +65,15 @@ fn shed_early_sheds_nothing_below_the_limit() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
     for t in 0..2_000u64 {
@@ -336,7 +345,15 @@ fn shed_early_under_lifo_counts_only_higher_classes_ahead() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     // A rate: one admission every 10 ms for 150 ms.
     for i in 0..15u64 {
@@ -357,7 +374,7 @@ fn shed_early_under_lifo_counts_only_higher_classes_ahead() {
             Arrival::Queue { .. }
         ));
     }
-    sh.local[0].codel.overloaded = true;
+    sh.all[0].local.codel.overloaded = true;
     // Under LIFO (overloaded) this arrival is the next admitted, 10 ms
     // from now at this rate; shed_early counts the three older waiters as
     // ahead of it (4 × 9.5 ms >= 30 ms) and refuses it.
@@ -372,7 +389,15 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     // A rate: one admission every 10 ms for 200 ms.
     for i in 0..20u64 {
@@ -398,7 +423,7 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     let got = sh.arrive_until(&store, t, 0, (107, Class::Default), Some(t + 100));
     assert!(matches!(got, Arrival::Queue { .. }), "{got:?}");
     // A deadline past max_wait: shed for max_wait, which comes first.
-    sh.rules[0]
+    sh.all[0]
         .spec
         .concurrency
         .as_mut()
@@ -412,7 +437,15 @@ fn shed_early_answers_at_once_a_request_that_would_wait_past_its_deadline() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&plain.shedders, &plain.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &plain.shedders,
+            &plain.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 1, Class::Default),

@@ -1,7 +1,8 @@
-//! What one worker keeps of a shedder: its waiters, in one queue per
-//! class, and what it measures and remembers between ops on the shared
-//! entry (CoDel, its lease of slots, adaptive samples, turns by class, its
-//! view of the other workers' waiters).
+//! What one worker keeps of a shedder: what it measures and remembers
+//! between ops on the shared entry (CoDel, its lease of slots, adaptive
+//! samples, turns by class, its view of the other workers' waiters). Its
+//! waiters wait in the pipeline's wait list, one line per class (see
+//! `waiters.rs`).
 
 use super::adaptive::{Auto, Samples};
 use super::codec::{Claim, Shared};
@@ -9,7 +10,6 @@ use super::codel::Codel;
 use super::config::{self, Class};
 use super::early::Rate;
 use super::shares::Clocks;
-use std::collections::VecDeque;
 
 /// A queued request: the host's stream id, its class, when it arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +43,6 @@ pub(super) fn wait_limit(codel: &Codel, class: Class, by_class: bool, max_wait: 
 /// Per-worker state of one shedder.
 pub(super) struct OnWorker {
     pub(super) codel: Codel,
-    /// One FIFO per class, indexed by `Class as usize`.
-    pub(super) queues: [VecDeque<Queued>; 3],
     pub(super) floor_current: Option<u64>,
     pub(super) floor_previous: Option<u64>,
     pub(super) floor_rotated_ms: u64,
@@ -83,7 +81,6 @@ impl OnWorker {
                 now_ms,
                 spec.concurrency.is_some(),
             ),
-            queues: Default::default(),
             floor_current: None,
             floor_previous: None,
             floor_rotated_ms: now_ms,

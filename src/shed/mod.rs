@@ -4,7 +4,8 @@
 //! Two ways to measure queueing delay (see docs/configuration.md for when to use which):
 //! 1. sluice's own queue: a global in-flight limit kept in shared data; a
 //!    request over it waits, paused in the filter, in a bounded per-worker
-//!    queue; the time it waited is the delay, measured exactly.
+//!    queue (lines of the pipeline's wait list, one per class: see
+//!    `waiters.rs`); the time it waited is the delay, measured exactly.
 //! 2. latency over the floor: without a sluice queue, the delay is the
 //!    upstream latency minus its no-load floor (the minimum over a longer
 //!    window), or a queue time the upstream reports in a header.
@@ -12,6 +13,10 @@
 //! Invariants (tested): a concurrency slot is released exactly once per
 //! admitted request; the queue never exceeds its bound and nobody waits past
 //! `max_wait`; higher classes are admitted first and shed last.
+//!
+//! Each shedder is one [`Shedder`] (its specification, what this worker
+//! keeps of it, its metric ids), named by a [`ShedderId`]; a call on them
+//! returns what it did besides its answer (a [`Report`]).
 
 pub mod adaptive;
 #[cfg(test)]
@@ -27,6 +32,7 @@ mod early;
 mod early_tests;
 mod entry;
 mod local;
+mod metrics;
 mod observe;
 pub mod reply;
 mod shares;
@@ -36,12 +42,14 @@ pub mod stage;
 mod store_ops;
 #[cfg(test)]
 mod tests;
+pub mod waiters;
 mod wake;
 #[cfg(test)]
 mod workers_tests;
 
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Common, ConfigError};
+use crate::pipeline::telemetry::Registry;
 use crate::request::RequestView;
 use crate::store::{Store, StoreError};
 use adaptive::Auto;
@@ -51,7 +59,9 @@ pub use entry::lease_cap;
 use entry::Op;
 use local::OnWorker;
 pub use local::Queued;
-use std::collections::VecDeque;
+use metrics::shedder_metrics;
+pub use metrics::{ShedMetrics, METRICS};
+use waiters::Waiters;
 
 /// What to do with an arriving request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,32 +88,50 @@ pub enum Wake {
     Expired { waiter: Queued },
 }
 
-/// A shedder and its shared in-flight counter key.
-#[derive(Debug, Clone)]
+/// A shedder's number in its configuration: its place among the
+/// shedders, given by them (`Shedders::ids`, `Shedders::classify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShedderId(u32);
+
+/// One shedder: its specification, its shared entries' keys, what this
+/// worker keeps of it, and its metric ids.
 pub struct Shedder {
     pub spec: ShedderSpec,
     pub inflight_key: String,
     /// The adaptive limit's shared entry, with `max: "auto"`.
     pub auto_key: Option<String>,
+    local: OnWorker,
+    pub metrics: ShedMetrics,
+}
+
+/// What a call on the shedders did besides its answer. Empty lists hold
+/// nothing on the heap.
+#[derive(Debug, Default, PartialEq, Eq)]
+#[must_use]
+pub struct Report {
+    /// Overload state changes: (shedder, now overloaded).
+    pub changes: Vec<(ShedderId, bool)>,
+    /// Workers to wake, each once: a free slot is left to their waiter
+    /// (see `to_wake`).
+    pub wakes: Vec<u32>,
+    /// Store errors and corrupt entries met.
+    pub store_failures: u64,
 }
 
 /// All shedders of one configuration, in one worker.
 pub struct Shedders {
-    pub rules: Vec<Shedder>,
-    local: Vec<OnWorker>,
+    /// In order of configuration: a `ShedderId` is a place here.
+    all: Vec<Shedder>,
     max_retries: u32,
-    /// Store errors and corrupt counters seen (for metrics).
-    pub store_failures: u64,
-    /// Overload state changes: (shedder, now overloaded).
-    pub changes: Vec<(usize, bool)>,
+    /// What the call running did so far, handed over as its result
+    /// (`Shedders::done`).
+    report: Report,
     /// Counter decrements that failed, to retry (see `try_op`).
-    retry: Vec<(usize, Op)>,
+    retry: Vec<(ShedderId, Op)>,
     /// This worker's tag in claims (see `Shared`).
     worker: u32,
     /// The latest time this worker saw (for the age of claims).
     now_ms: u64,
-    /// Workers to wake: a free slot is left to their waiter (see `to_wake`).
-    wakes: Vec<u32>,
 }
 
 /// The shedder's state id: its name and its concurrency settings.
@@ -144,14 +172,15 @@ fn table_id(domain: &str, spec: &ShedderSpec) -> u32 {
 }
 
 impl Shedders {
-    /// `worker` tags this worker's claims: random per worker VM.
+    /// `worker` tags this worker's claims: random per worker VM; each
+    /// shedder's metrics are defined in `reg`.
     pub fn new(
         specs: &[ShedderSpec],
         common: &Common,
-        now_ms: u64,
-        worker: u32,
+        (now_ms, worker): (u64, u32),
+        reg: &mut Registry,
     ) -> Result<Self, ConfigError> {
-        let mut rules: Vec<Shedder> = Vec::new();
+        let mut all: Vec<Shedder> = Vec::new();
         for (i, spec) in specs.iter().enumerate() {
             // `/q3`: the entry with claims that count their worker's
             // waiters. An older sluice (`/q2`: claims without counts;
@@ -164,30 +193,25 @@ impl Shedders {
                 .as_ref()
                 .and_then(|c| c.adaptive)
                 .map(|_| format!("sh{id:08x}/auto5"));
-            let earlier = rules
+            let earlier = all
                 .iter()
                 .map(|r| (r.inflight_key.as_str(), r.spec.name.as_str()));
             check_state_id("shedders", i, &inflight_key, earlier)?;
-            rules.push(Shedder {
+            all.push(Shedder {
                 spec: spec.clone(),
                 inflight_key,
                 auto_key,
+                local: OnWorker::new(spec, now_ms),
+                metrics: shedder_metrics(reg, &common.domain, spec),
             });
         }
-        let local = rules
-            .iter()
-            .map(|r| OnWorker::new(&r.spec, now_ms))
-            .collect();
         Ok(Shedders {
-            rules,
-            local,
+            all,
             max_retries: common.max_cas_retries,
-            store_failures: 0,
-            changes: Vec::new(),
+            report: Report::default(),
             retry: Vec::new(),
             worker,
             now_ms,
-            wakes: Vec::new(),
         })
     }
 
@@ -196,15 +220,39 @@ impl Shedders {
         self.worker
     }
 
-    /// The workers to wake since the last call, each once.
-    pub fn take_wakes(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.wakes)
+    /// What the call ending did (see `Report`).
+    fn done(&mut self) -> Report {
+        std::mem::take(&mut self.report)
+    }
+
+    /// The shedders, in order.
+    pub fn ids(&self) -> impl Iterator<Item = ShedderId> {
+        let n = u32::try_from(self.all.len()).unwrap_or(u32::MAX);
+        (0..n).map(ShedderId)
+    }
+
+    /// Shedder `s`.
+    pub fn get(&self, s: ShedderId) -> Option<&Shedder> {
+        self.all.get(s.0 as usize)
+    }
+
+    fn get_mut(&mut self, s: ShedderId) -> Option<&mut Shedder> {
+        self.all.get_mut(s.0 as usize)
+    }
+
+    /// What this worker keeps of shedder `s`.
+    fn local(&self, s: ShedderId) -> Option<&OnWorker> {
+        self.get(s).map(|x| &x.local)
+    }
+
+    fn local_mut(&mut self, s: ShedderId) -> Option<&mut OnWorker> {
+        self.get_mut(s).map(|x| &mut x.local)
     }
 
     /// The shedders matching a request, with the request's class in each.
-    pub fn classify(&self, req: &dyn RequestView) -> Vec<(usize, Class)> {
+    pub fn classify(&self, req: &dyn RequestView) -> Vec<(ShedderId, Class)> {
         let mut out = Vec::new();
-        for (i, r) in self.rules.iter().enumerate() {
+        for (i, r) in self.ids().zip(&self.all) {
             if !r.spec.matcher.matches(req) {
                 continue;
             }
@@ -230,40 +278,38 @@ impl Shedders {
     }
 
     /// Whether the shedder is overloaded in this worker.
-    pub fn overloaded(&self, s: usize) -> bool {
-        self.local.get(s).is_some_and(|l| l.codel.overloaded)
+    pub fn overloaded(&self, s: ShedderId) -> bool {
+        self.local(s).is_some_and(|l| l.codel.overloaded)
     }
 
     /// Requests waiting in this worker's queue of shedder `s`.
-    pub fn queued(&self, s: usize) -> usize {
-        self.local
-            .get(s)
-            .map_or(0, |l| l.queues.iter().map(VecDeque::len).sum())
+    pub fn queued(&self, w: &impl Waiters, s: ShedderId) -> usize {
+        waiters::waiting(w, s)
     }
 
     /// Shedder `s`'s concurrency limit, if it has one (queue mode): the
     /// fixed one, or the adaptive one as last read.
-    pub fn limit(&self, s: usize) -> Option<u64> {
-        let conc = self.rules.get(s)?.spec.concurrency.as_ref()?;
-        match self.local.get(s).and_then(|l| l.auto.as_ref()) {
+    pub fn limit(&self, s: ShedderId) -> Option<u64> {
+        let conc = self.get(s)?.spec.concurrency.as_ref()?;
+        match self.local(s).and_then(|l| l.auto.as_ref()) {
             Some(a) => Some(a.limit()),
             None => Some(conc.max as u64),
         }
     }
 
     /// The adaptive limit's floor estimate (µs), as last read.
-    pub fn floor_us(&self, s: usize) -> Option<u64> {
-        self.local.get(s)?.auto.as_ref()?.floor_us()
+    pub fn floor_us(&self, s: ShedderId) -> Option<u64> {
+        self.local(s)?.auto.as_ref()?.floor_us()
     }
 
     /// Shedder `s`'s shares, if it has them.
-    fn shares(&self, s: usize) -> Option<[u32; 3]> {
-        self.rules.get(s)?.spec.shares
+    fn shares(&self, s: ShedderId) -> Option<[u32; 3]> {
+        self.get(s)?.spec.shares
     }
 
     /// Creates the shared counters (at configuration).
     pub fn create(&self, store: &dyn Store) -> Result<(), StoreError> {
-        for r in self.rules.iter().filter(|r| r.spec.concurrency.is_some()) {
+        for r in self.all.iter().filter(|r| r.spec.concurrency.is_some()) {
             if store.get(&r.inflight_key)?.is_none() {
                 store.set(&r.inflight_key, &encode_shared(&Shared::default()), None)?;
             }
@@ -274,11 +320,11 @@ impl Shedders {
     /// Reads each adaptive limit's shared entry (at configuration: an
     /// unchanged shedder keeps what it learned).
     pub fn read_limits(&mut self, store: &dyn Store) {
-        for (r, l) in self.rules.iter().zip(self.local.iter_mut()) {
+        for r in &mut self.all {
             let Some(key) = &r.auto_key else { continue };
             if let Ok(Some(e)) = store.get(key) {
                 if let Ok(a) = Auto::decode(&e.bytes) {
-                    l.auto = Some(a);
+                    r.local.auto = Some(a);
                 }
             }
         }
@@ -290,15 +336,15 @@ impl Shedders {
     }
 
     /// Whether shedder `s` sheds early, and its interval (ms).
-    fn early(&self, s: usize) -> (bool, u64) {
-        self.rules.get(s).map_or((false, 0), |r| {
+    fn early(&self, s: ShedderId) -> (bool, u64) {
+        self.get(s).map_or((false, 0), |r| {
             let early = r.spec.concurrency.as_ref().is_some_and(|c| c.shed_early);
             (early, r.spec.interval_ms)
         })
     }
 
     /// Slots leased by this worker for shedder `s` (for tests and metrics).
-    pub fn leased(&self, s: usize) -> u64 {
-        self.local.get(s).map_or(0, |l| l.lease)
+    pub fn leased(&self, s: ShedderId) -> u64 {
+        self.local(s).map_or(0, |l| l.lease)
     }
 }

@@ -4,30 +4,30 @@
 //! on the tick.
 
 use super::adaptive::{Auto, Samples};
-use super::Shedders;
+use super::{Report, ShedderId, Shedders};
 use crate::store::{update, Store, Update};
 
 impl Shedders {
-    pub(super) fn roll(&mut self, s: usize, now_ms: u64) {
-        if let Some(l) = self.local.get_mut(s) {
+    pub(super) fn roll(&mut self, s: ShedderId, now_ms: u64) {
+        if let Some(l) = self.local_mut(s) {
             if let Some(state) = l.codel.roll(now_ms) {
-                self.changes.push((s, state));
+                self.report.changes.push((s, state));
             }
         }
     }
 
-    pub(super) fn note_shed(&mut self, s: usize, now_ms: u64) {
-        if let Some(l) = self.local.get_mut(s) {
+    pub(super) fn note_shed(&mut self, s: ShedderId, now_ms: u64) {
+        if let Some(l) = self.local_mut(s) {
             if let Some(state) = l.codel.shed(now_ms) {
-                self.changes.push((s, state));
+                self.report.changes.push((s, state));
             }
         }
     }
 
-    pub(super) fn observe(&mut self, s: usize, now_ms: u64, delay_ms: u64) {
-        if let Some(l) = self.local.get_mut(s) {
+    pub(super) fn observe(&mut self, s: ShedderId, now_ms: u64, delay_ms: u64) {
+        if let Some(l) = self.local_mut(s) {
             if let Some(state) = l.codel.observe(now_ms, delay_ms) {
-                self.changes.push((s, state));
+                self.report.changes.push((s, state));
             }
         }
     }
@@ -36,7 +36,7 @@ impl Shedders {
     /// (this worker's, or another worker's claim) tells how long the global
     /// queue has been standing. A sample of its age lets a worker with
     /// little traffic of its own see the overload its waiters are part of.
-    pub(super) fn observe_global(&mut self, s: usize, other: Option<u64>, own: Option<u64>) {
+    pub(super) fn observe_global(&mut self, s: ShedderId, other: Option<u64>, own: Option<u64>) {
         let now = self.now_ms;
         if let Some(since) = other.into_iter().chain(own).min() {
             let age = now.saturating_sub(since);
@@ -50,13 +50,12 @@ impl Shedders {
     /// from its admission (after any wait) to its response.
     /// While its floor is measured, the latency also counts towards the
     /// measurement if the request was admitted under the held limit.
-    pub fn sample(&mut self, s: usize, latency_us: u64, now_ms: u64) {
+    pub fn sample(&mut self, s: ShedderId, latency_us: u64, now_ms: u64) {
         let spec = self
-            .rules
             .get(s)
             .and_then(|r| r.spec.concurrency.as_ref())
             .and_then(|c| c.adaptive);
-        let Some(l) = self.local.get_mut(s) else {
+        let Some(l) = self.local_mut(s) else {
             return;
         };
         let (Some(auto), Some(spec)) = (l.auto.as_ref(), spec) else {
@@ -76,9 +75,9 @@ impl Shedders {
     /// Adaptive limits (on the tick): adds this worker's samples to each
     /// shared entry, which computes the next limit once an interval is
     /// over, and reads the limit back.
-    pub fn adapt(&mut self, store: &dyn Store, now_ms: u64) {
-        for s in 0..self.rules.len() {
-            let Some(rule) = self.rules.get(s) else {
+    pub fn adapt(&mut self, store: &dyn Store, now_ms: u64) -> Report {
+        for s in self.ids() {
+            let Some(rule) = self.get(s) else {
                 continue;
             };
             let (Some(key), Some(spec)) = (
@@ -87,7 +86,8 @@ impl Shedders {
             ) else {
                 continue;
             };
-            let Some(l) = self.local.get_mut(s) else {
+            // This worker's part, apart from its failures count.
+            let Some(l) = self.all.get_mut(s.0 as usize).map(|x| &mut x.local) else {
                 continue;
             };
             l.full = false;
@@ -98,7 +98,7 @@ impl Shedders {
                     .map_or(0, |first| now_ms.saturating_sub(first)),
                 ..std::mem::take(&mut l.samples)
             };
-            let failures = &mut self.store_failures;
+            let failures = &mut self.report.store_failures;
             let merged = update(store, &key, self.max_retries, |found| {
                 let old = match found.map(|e| Auto::decode(&e.bytes)) {
                     Some(Ok(a)) => a,
@@ -113,9 +113,10 @@ impl Shedders {
             });
             match merged {
                 Ok(a) => l.auto = Some(a),
-                Err(_) => self.store_failures += 1,
+                Err(_) => self.report.store_failures += 1,
             }
         }
+        self.done()
     }
 
     /// Whether latency samples gathered here should be merged on the next
@@ -134,33 +135,41 @@ impl Shedders {
     /// time would then pay a tick per response (+24% instructions per
     /// request in `rl_shed_auto`).
     pub fn merge_soon(&self) -> bool {
-        self.local.iter().any(|l| l.full && l.samples.count > 0)
+        self.all
+            .iter()
+            .any(|x| x.local.full && x.local.samples.count > 0)
     }
 
     /// Latency mode: a request was let through at shedder `s` (its answer
     /// will be a sample).
-    pub fn started(&mut self, s: usize) {
-        if let Some(l) = self.local.get_mut(s) {
+    pub fn started(&mut self, s: ShedderId) {
+        if let Some(l) = self.local_mut(s) {
             l.codel.started();
         }
     }
 
     /// Latency mode: a request let through at shedder `s` ended without an
     /// answer (reset, client gone, refused later).
-    pub fn abandoned(&mut self, s: usize) {
-        if let Some(l) = self.local.get_mut(s) {
+    pub fn abandoned(&mut self, s: ShedderId) {
+        if let Some(l) = self.local_mut(s) {
             l.codel.finished();
         }
     }
 
     /// Latency mode: records a response's upstream latency (or the queue
     /// time the upstream reported) as a delay sample.
-    pub fn response(&mut self, now_ms: u64, s: usize, latency_ms: u64, reported_ms: Option<u64>) {
-        let Some(window) = self.rules.get(s).map(|r| r.spec.latency.floor_window_ms) else {
-            return;
+    pub fn response(
+        &mut self,
+        now_ms: u64,
+        s: ShedderId,
+        latency_ms: u64,
+        reported_ms: Option<u64>,
+    ) -> Report {
+        let Some(window) = self.get(s).map(|r| r.spec.latency.floor_window_ms) else {
+            return self.done();
         };
-        let Some(l) = self.local.get_mut(s) else {
-            return;
+        let Some(l) = self.local_mut(s) else {
+            return self.done();
         };
         l.codel.finished();
         // The floor is the minimum over the last one to two half-windows.
@@ -177,5 +186,6 @@ impl Shedders {
             .unwrap_or(latency_ms);
         let delay = reported_ms.unwrap_or(latency_ms.saturating_sub(floor));
         self.observe(s, now_ms, delay);
+        self.done()
     }
 }

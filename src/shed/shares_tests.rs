@@ -3,6 +3,7 @@
 
 use super::tests::*;
 use super::*;
+use crate::pipeline::telemetry::Registry;
 use crate::store::memory::MemoryStore;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -17,8 +18,24 @@ fn shares_split_admissions_by_class_under_overload_across_two_workers() {
     .expect("valid");
     let store = MemoryStore::default();
     let mut workers = [
-        Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds"),
-        Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds"),
+        Worker::new(
+            Shedders::new(
+                &config.shedders,
+                &config.common,
+                (T0, 1),
+                &mut Registry::default(),
+            )
+            .expect("builds"),
+        ),
+        Worker::new(
+            Shedders::new(
+                &config.shedders,
+                &config.common,
+                (T0, 2),
+                &mut Registry::default(),
+            )
+            .expect("builds"),
+        ),
     ];
     workers[0].create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
@@ -64,7 +81,15 @@ fn strict_priority_without_shares_serves_the_highest_class_first() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 0, Class::Default),
@@ -103,8 +128,24 @@ fn closed_loop(shares: &str) -> [u32; 3] {
     let config = parse(json.as_bytes()).expect("valid");
     let store = MemoryStore::default();
     let mut workers = [
-        Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds"),
-        Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds"),
+        Worker::new(
+            Shedders::new(
+                &config.shedders,
+                &config.common,
+                (T0, 1),
+                &mut Registry::default(),
+            )
+            .expect("builds"),
+        ),
+        Worker::new(
+            Shedders::new(
+                &config.shedders,
+                &config.common,
+                (T0, 2),
+                &mut Registry::default(),
+            )
+            .expect("builds"),
+        ),
     ];
     workers[0].create(&store).expect("created");
     let classes = [Class::Critical, Class::Default, Class::Sheddable];
@@ -171,7 +212,15 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut sh = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
+    let mut sh = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     sh.create(&store).expect("created");
     assert_eq!(
         sh.arrive(&store, T0, 0, 0, Class::Default),
@@ -183,7 +232,7 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
             Arrival::Queue { .. }
         ));
     }
-    let next = |sh: &mut Shedders, t: u64| {
+    let next = |sh: &mut Worker, t: u64| {
         sh.release(&store, 0);
         sh.wake(&store, T0 + t, 0).iter().find_map(|w| match w {
             Wake::Resume { id, .. } => Some(*id),
@@ -193,7 +242,7 @@ fn lifo_serves_the_newest_waiter_of_a_class_while_overloaded_only() {
     // Not overloaded: oldest first.
     assert_eq!(next(&mut sh, 5), Some(1));
     // Overloaded: newest first.
-    sh.local[0].codel.overloaded = true;
+    sh.all[0].local.codel.overloaded = true;
     assert_eq!(next(&mut sh, 6), Some(4));
 }
 
@@ -369,9 +418,10 @@ fn a_waiter_that_leaves_before_its_turn_leaves_it_to_its_class() {
         sh.arrive(&store, T0, 0, 0, Class::Critical),
         Arrival::Admit { slot: true }
     );
-    let ids = |sh: &Shedders| -> Vec<u32> { sh.local[0].queues[1].iter().map(|w| w.id).collect() };
-    let turn = |sh: &Shedders, id: u32| {
-        let q = &sh.local[0].queues[1];
+    let ids =
+        |sh: &Worker| -> Vec<u32> { sh.line(0, Class::Default).iter().map(|w| w.id).collect() };
+    let turn = |sh: &Worker, id: u32| {
+        let q = sh.line(0, Class::Default);
         q.iter().find(|w| w.id == id).map(|w| w.turn_ms)
     };
     for id in 1..=3 {
@@ -415,8 +465,12 @@ fn turns_owed_to_a_class_are_each_given_once() {
         "priority":{"shares":{"critical":50,"default":50,"sheddable":0}}}]}"#,
     );
     sh.arrive(&store, T0, 0, 0, Class::Critical);
-    let turns =
-        |sh: &Shedders| -> Vec<u64> { sh.local[0].queues[1].iter().map(|w| w.turn_ms).collect() };
+    let turns = |sh: &Worker| -> Vec<u64> {
+        sh.line(0, Class::Default)
+            .iter()
+            .map(|w| w.turn_ms)
+            .collect()
+    };
     for id in 1..=5 {
         sh.arrive(&store, T0, 0, id, Class::Default);
     }

@@ -6,8 +6,10 @@
 
 use super::codec::{decode_shared, encode_shared, Claim, Shared};
 use super::entry::{self, Applied, Change, Op};
-use super::local::{by_turn, Elsewhere, Queued};
-use super::Shedders;
+use super::local::{by_turn, Elsewhere};
+use super::waiters::{self, line, Waiters};
+use super::{ShedderId, Shedders};
+use crate::pipeline::wait::Wait;
 use crate::store::{update, Store, StoreError, Update};
 
 /// The shared entry found (none yet: empty); one that does not decode is
@@ -84,7 +86,7 @@ fn apply_op(
 /// free and that claim is another worker's (live, for ops that come with
 /// the time; any other worker's for those that do not, whose `now` may be
 /// old: a fresh claim would look dated ahead). That worker is woken at
-/// once (`Shedders::take_wakes`) instead of finding the slot on its next
+/// once (`Report::wakes`) instead of finding the slot on its next
 /// 1 ms poll. Arrivals and refused admissions never wake anyone: arrivals
 /// are the many, and the op that freed the slot woke its worker already.
 fn to_wake(entry: &Shared, change: &Change) -> Option<u32> {
@@ -108,36 +110,47 @@ fn to_wake(entry: &Shared, change: &Change) -> Option<u32> {
 impl Shedders {
     /// This worker's two most deserving waiters of shedder `s`, as claims
     /// (with shares, a claim's `since_ms` is its waiter's turn).
-    pub(super) fn heads(&self, s: usize) -> (Option<Claim>, Option<Claim>) {
-        let Some(l) = self.local.get(s) else {
+    pub(super) fn heads(&self, w: &impl Waiters, s: ShedderId) -> (Option<Claim>, Option<Claim>) {
+        let Some(l) = self.local(s) else {
             return (None, None);
         };
-        let counts = l
-            .queues
-            .each_ref()
-            .map(|q| u32::try_from(q.len()).unwrap_or(u32::MAX));
+        let nobody = w.nobody();
+        let count = |c: usize| if nobody { 0 } else { w.count(line(s, c)) };
+        let counts: [u32; 3] = std::array::from_fn(|c| u32::try_from(count(c)).unwrap_or(u32::MAX));
+        let shares = self.shares(s).is_some();
         // By class, the class's last turn here as `Clocks::next` counts
-        // it: its newest waiter's (turns only grow along a class's queue,
+        // it: its newest waiter's (turns only grow along a class's line,
         // as `turn_of` reads it too), or its last admission's.
         let newest: [u64; 3] = std::array::from_fn(|c| {
-            let waiting = l.queues.get(c).and_then(|q| q.back()).map(|w| w.turn_ms);
+            let waiting = if nobody {
+                None
+            } else {
+                w.last(line(s, c)).map(|(_, b)| waiters::turn(shares, &b))
+            };
             waiting.max(l.clocks.admitted(c, self.now_ms)).unwrap_or(0)
         });
-        let claim = |w: &Queued| Claim {
-            class: w.class,
-            since_ms: w.turn_ms,
+        if nobody {
+            return (None, None);
+        }
+        let claim = |x: &Wait| Claim {
+            class: waiters::class_of(x.line),
+            since_ms: waiters::turn(shares, x),
             worker: self.worker,
             seen_ms: self.now_ms,
             counts,
             newest,
         };
-        if self.shares(s).is_none() {
-            let mut best = l.queues.iter().rev().flat_map(|q| q.iter().take(2));
-            return (best.next().map(claim), best.next().map(claim));
+        let firsts = |c: usize| w.each(line(s, c)).take(2).map(|(_, x)| x);
+        if !shares {
+            let mut best = (0..3).rev().flat_map(firsts);
+            return (
+                best.next().map(|x| claim(&x)),
+                best.next().map(|x| claim(&x)),
+            );
         }
-        let mut two: Vec<&Queued> = l.queues.iter().flat_map(|q| q.iter().take(2)).collect();
-        crate::sort::small_by_key(&mut two, |w| by_turn(w.turn_ms, w.class));
-        (two.first().map(|w| claim(w)), two.get(1).map(|w| claim(w)))
+        let mut two: Vec<Wait> = (0..3).flat_map(firsts).collect();
+        crate::sort::small_by_key(&mut two, |x| by_turn(x.key, waiters::class_of(x.line)));
+        (two.first().map(claim), two.get(1).map(claim))
     }
 
     /// This worker's best waiter once an admission has taken one: the one
@@ -145,17 +158,15 @@ impl Shedders {
     /// class goes instead) unless it was alone in its class.
     pub(super) fn best_after_admit(
         &self,
-        s: usize,
+        w: &impl Waiters,
+        s: ShedderId,
         head: Option<Claim>,
         second: Option<Claim>,
     ) -> Option<Claim> {
-        let lifo = self.rules.get(s).is_some_and(|r| r.spec.lifo);
+        let lifo = self.get(s).is_some_and(|r| r.spec.lifo);
         let takes_newest = lifo
-            && self.local.get(s).is_some_and(|l| {
-                l.codel.overloaded
-                    && head.is_some_and(|h| {
-                        l.queues.get(h.class as usize).is_some_and(|q| q.len() > 1)
-                    })
+            && self.local(s).is_some_and(|l| {
+                l.codel.overloaded && head.is_some_and(|h| w.count(line(s, h.class as usize)) > 1)
             });
         if takes_newest {
             head
@@ -170,22 +181,23 @@ impl Shedders {
     /// the waiter).
     pub(super) fn counter(
         &mut self,
+        w: &impl Waiters,
         store: &dyn Store,
-        s: usize,
+        s: ShedderId,
         op: Op,
     ) -> Result<bool, StoreError> {
-        let Some(rule) = self.rules.get(s) else {
+        let Some(rule) = self.get(s) else {
             return Ok(false);
         };
         let key = rule.inflight_key.clone();
         // This worker's best waiter now, and once the op is done.
-        let (head, second) = self.heads(s);
-        let after_admit = self.claim_after_admit(s, head, second);
+        let (head, second) = self.heads(w, s);
+        let after_admit = self.claim_after_admit(w, s, head, second);
         let change = Change {
             op,
             by_age: self.shares(s).is_some(),
             max: self.limit(s).unwrap_or(u32::MAX as u64),
-            lease: self.local.get(s).map_or(0, |l| l.lease),
+            lease: self.local(s).map_or(0, |l| l.lease),
             head,
             head_after: if op == Op::Admit { after_admit } else { head },
             me: self.worker,
@@ -194,15 +206,15 @@ impl Shedders {
         let (granted, read) = apply_op(
             store,
             (&key, self.max_retries),
-            &mut self.store_failures,
+            &mut self.report.store_failures,
             &change,
         );
         if let Some(n) = read.admitted {
             self.read_entry(s, op.timely(), read.seen, n);
         }
         if let Some(w) = read.wake {
-            if !self.wakes.contains(&w) {
-                self.wakes.push(w);
+            if !self.report.wakes.contains(&w) {
+                self.report.wakes.push(w);
             }
         }
         let granted = match granted {
@@ -215,7 +227,7 @@ impl Shedders {
         self.note_op(s, op, granted, read.peak);
         if matches!(op, Op::Enqueue | Op::Requeue) || (op == Op::Admit && granted.is_none()) {
             if self.shares(s).is_some() {
-                self.observe_turns(s, read.oldest_other);
+                self.observe_turns(w, s, read.oldest_other);
             } else {
                 self.observe_global(s, read.oldest_other, head.map(|c| c.since_ms));
             }
@@ -228,11 +240,12 @@ impl Shedders {
     /// class's last turn (with shares, a claim's `since_ms` is its turn).
     pub(super) fn claim_after_admit(
         &self,
-        s: usize,
+        w: &impl Waiters,
+        s: ShedderId,
         head: Option<Claim>,
         second: Option<Claim>,
     ) -> Option<Claim> {
-        self.best_after_admit(s, head, second).map(|mut c| {
+        self.best_after_admit(w, s, head, second).map(|mut c| {
             if let Some(h) = head {
                 if let Some(n) = c.counts.get_mut(h.class as usize) {
                     *n = n.saturating_sub(1);
@@ -248,12 +261,19 @@ impl Shedders {
     /// Keeps what a read of the entry said: the other workers' waiters
     /// and, with `shed_early`, the count of admissions (when the read is
     /// dated: `timely`, see `Op::timely`).
-    pub(super) fn read_entry(&mut self, s: usize, timely: bool, seen: Elsewhere, admitted: u64) {
+    pub(super) fn read_entry(
+        &mut self,
+        s: ShedderId,
+        timely: bool,
+        seen: Elsewhere,
+        admitted: u64,
+    ) {
         let (early, window_ms) = self.early(s);
-        if let Some(l) = self.local.get_mut(s) {
+        let now = self.now_ms;
+        if let Some(l) = self.local_mut(s) {
             l.elsewhere = seen;
             if early && timely {
-                l.rate.saw(self.now_ms, admitted, window_ms);
+                l.rate.saw(now, admitted, window_ms);
             }
         }
     }
@@ -262,31 +282,41 @@ impl Shedders {
     /// turn another worker claims keeps this worker's clock in step with
     /// theirs, and only this worker's own waiters tell how long the queue
     /// has stood.
-    pub(super) fn observe_turns(&mut self, s: usize, other_turn: Option<u64>) {
-        if let (Some(t), Some(l)) = (other_turn, self.local.get_mut(s)) {
-            let mine = l
-                .queues
-                .iter()
-                .filter_map(|q| q.front())
-                .map(|w| w.turn_ms)
+    pub(super) fn observe_turns(
+        &mut self,
+        w: &impl Waiters,
+        s: ShedderId,
+        other_turn: Option<u64>,
+    ) {
+        let now = self.now_ms;
+        if let (Some(t), Some(l)) = (other_turn, self.local_mut(s)) {
+            let mine = (0..3)
+                .filter_map(|c| w.each(line(s, c)).next())
+                .map(|(_, x)| x.key)
                 .min();
-            l.clocks.seen(mine.map_or(t, |m| m.min(t)), self.now_ms);
+            l.clocks.seen(mine.map_or(t, |m| m.min(t)), now);
         }
-        // The oldest waiter here, wherever it stands: a class's queue is in
+        // The oldest waiter here, wherever it stands: a class's line is in
         // order of turns, and an owed turn puts a new arrival before older
         // waiters of its class.
-        let own = self
-            .local
-            .get(s)
-            .and_then(|l| l.queues.iter().flatten().map(|w| w.since_ms).min());
+        let own = (0..3)
+            .flat_map(|c| w.each(line(s, c)))
+            .map(|(_, x)| x.since.as_ms())
+            .min();
         self.observe_global(s, None, own);
     }
 
     /// What a worker keeps of an op on the shared entry: the most in
     /// flight it saw (for the adaptive limit), and a direct admission's
     /// lease top-up.
-    pub(super) fn note_op(&mut self, s: usize, op: Op, granted: Option<u64>, inflight_seen: u64) {
-        let Some(l) = self.local.get_mut(s) else {
+    pub(super) fn note_op(
+        &mut self,
+        s: ShedderId,
+        op: Op,
+        granted: Option<u64>,
+        inflight_seen: u64,
+    ) {
+        let Some(l) = self.local_mut(s) else {
             return;
         };
         l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen + 1);
@@ -306,11 +336,17 @@ impl Shedders {
 
     /// `Some(true)`: done; `Some(false)`: no slot; `None`: store trouble
     /// (the request is then let through without a slot: fail open).
-    pub(super) fn try_op(&mut self, store: &dyn Store, s: usize, op: Op) -> Option<bool> {
-        match self.counter(store, s, op) {
+    pub(super) fn try_op(
+        &mut self,
+        w: &impl Waiters,
+        store: &dyn Store,
+        s: ShedderId,
+        op: Op,
+    ) -> Option<bool> {
+        match self.counter(w, store, s, op) {
             Ok(done) => Some(done),
             Err(_) => {
-                self.store_failures += 1;
+                self.report.store_failures += 1;
                 // A lost decrement would shrink the limit (or block direct
                 // admission) for good: keep it and retry on the next wake.
                 match op {
@@ -324,9 +360,9 @@ impl Shedders {
         }
     }
 
-    pub(super) fn retry_failed(&mut self, store: &dyn Store) {
+    pub(super) fn retry_failed(&mut self, w: &impl Waiters, store: &dyn Store) {
         for (s, op) in std::mem::take(&mut self.retry) {
-            if self.counter(store, s, op).is_err() {
+            if self.counter(w, store, s, op).is_err() {
                 self.retry.push((s, op));
             }
         }
@@ -337,8 +373,8 @@ impl Shedders {
     /// other workers' claims afresh, so that its class's next turn follows
     /// their newest (a view some arrivals old gives two workers the same
     /// turns, and a class waiting on both more than its share).
-    pub(super) fn look(&mut self, store: &dyn Store, s: usize, now_ms: u64) {
-        let Some(rule) = self.rules.get(s) else {
+    pub(super) fn look(&mut self, store: &dyn Store, s: ShedderId, now_ms: u64) {
+        let Some(rule) = self.get(s) else {
             return;
         };
         let me = self.worker;

@@ -4,8 +4,11 @@
 
 use super::codec::decode_shared;
 use super::*;
+use crate::pipeline::telemetry::Registry;
+use crate::pipeline::wait::WaitList;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::MemoryStore;
+use crate::store::Store;
 use crate::wiring::parse;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -13,14 +16,144 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 pub(super) const T0: u64 = 1_700_000_000_000;
 
 /// A worker's shedders (each call a new worker tag) and a store for them.
-pub(super) fn shedders(json: &str) -> (Shedders, MemoryStore) {
+pub(super) fn shedders(json: &str) -> (Worker, MemoryStore) {
     static WORKER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
     let worker = WORKER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let c = parse(json.as_bytes()).expect("valid");
-    let s = Shedders::new(&c.shedders, &c.common, T0, worker).expect("ok");
+    let s = Shedders::new(
+        &c.shedders,
+        &c.common,
+        (T0, worker),
+        &mut Registry::default(),
+    )
+    .expect("ok");
     let store = MemoryStore::default();
     s.create(&store).expect("created");
-    (s, store)
+    (Worker::new(s), store)
+}
+
+/// The first shedder of a configuration.
+pub(super) const S0: ShedderId = ShedderId(0);
+
+/// A worker's shedders with the lines its waiters wait in (the pipeline's
+/// in the stage, a list of their own here), and what their calls reported
+/// (as the stage carries it out).
+pub(super) struct Worker {
+    pub(super) sh: Shedders,
+    pub(super) lines: WaitList,
+    /// Workers to wake, each once, since `take_wakes`.
+    wakes: Vec<u32>,
+    /// Store errors and corrupt entries met.
+    pub(super) store_failures: u64,
+}
+
+impl std::ops::Deref for Worker {
+    type Target = Shedders;
+    fn deref(&self) -> &Shedders {
+        &self.sh
+    }
+}
+
+impl std::ops::DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut Shedders {
+        &mut self.sh
+    }
+}
+
+impl Worker {
+    pub(super) fn new(sh: Shedders) -> Self {
+        Worker {
+            sh,
+            lines: WaitList::default(),
+            wakes: Vec::new(),
+            store_failures: 0,
+        }
+    }
+
+    /// Keeps what a call reported.
+    fn note<T>(&mut self, (out, report): (T, Report)) -> T {
+        for w in report.wakes {
+            if !self.wakes.contains(&w) {
+                self.wakes.push(w);
+            }
+        }
+        self.store_failures += report.store_failures;
+        out
+    }
+
+    /// The workers to wake since the last call, each once.
+    pub(super) fn take_wakes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.wakes)
+    }
+
+    pub(super) fn arrive(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: u32,
+        id: u32,
+        class: Class,
+    ) -> Arrival {
+        let got = self
+            .sh
+            .arrive(&mut self.lines, store, now_ms, ShedderId(s), id, class);
+        self.note(got)
+    }
+
+    pub(super) fn arrive_until(
+        &mut self,
+        store: &dyn Store,
+        now_ms: u64,
+        s: u32,
+        waiter: (u32, Class),
+        deadline_ms: Option<u64>,
+    ) -> Arrival {
+        let lines = &mut self.lines;
+        let got = self
+            .sh
+            .arrive_until(lines, store, now_ms, ShedderId(s), waiter, deadline_ms);
+        self.note(got)
+    }
+
+    pub(super) fn wake(&mut self, store: &dyn Store, now_ms: u64, s: u32) -> Vec<Wake> {
+        let got = self.sh.wake(&mut self.lines, store, now_ms, ShedderId(s));
+        self.note(got)
+    }
+
+    pub(super) fn release(&mut self, store: &dyn Store, s: u32) {
+        let got = self.sh.release(&self.lines, store, ShedderId(s));
+        self.note(((), got));
+    }
+
+    pub(super) fn return_leases(&mut self, store: &dyn Store) {
+        let got = self.sh.return_leases(&self.lines, store);
+        self.note(((), got));
+    }
+
+    pub(super) fn cancel(&mut self, store: &dyn Store, s: u32, id: u32) -> bool {
+        let got = self.sh.cancel(&mut self.lines, store, ShedderId(s), id);
+        self.note(got)
+    }
+
+    pub(super) fn adapt(&mut self, store: &dyn Store, now_ms: u64) {
+        let got = self.sh.adapt(store, now_ms);
+        self.note(((), got));
+    }
+
+    pub(super) fn queued(&self, s: u32) -> usize {
+        self.sh.queued(&self.lines, ShedderId(s))
+    }
+
+    /// The waiters of shedder `s`'s class `class` line, in order.
+    pub(super) fn line(&self, s: u32, class: Class) -> Vec<Queued> {
+        let s = ShedderId(s);
+        let shares = self.sh.get(s).is_some_and(|r| r.spec.shares.is_some());
+        let lines = &self.lines;
+        lines
+            .each_in(waiters::line(s, class as usize))
+            .map(|x| waiters::queued(lines, shares, x))
+            .collect()
+    }
 }
 
 pub(super) const QUEUE: &str = r#"{"shedders":[{"name":"q","concurrency":{"max":2,"queue":3,"max_wait":"500ms"},
@@ -157,7 +290,7 @@ fn under_overload_sheddable_work_goes_first_and_critical_last() {
         ));
     }
     a.wake(&store, T0 + 201, 0);
-    assert!(a.overloaded(0));
+    assert!(a.overloaded(S0));
     assert_eq!(
         a.arrive(&store, T0 + 202, 0, 7, Class::Sheddable),
         Arrival::Shed
@@ -364,8 +497,18 @@ pub(super) fn sim(
 ) -> ROut {
     let config = parse(json.as_bytes()).expect("valid");
     let store = MemoryStore::default();
-    let mut workers: Vec<Shedders> = (1..=n_workers as u32)
-        .map(|w| Shedders::new(&config.shedders, &config.common, T0, w).expect("builds"))
+    let mut workers: Vec<Worker> = (1..=n_workers as u32)
+        .map(|w| {
+            Worker::new(
+                Shedders::new(
+                    &config.shedders,
+                    &config.common,
+                    (T0, w),
+                    &mut Registry::default(),
+                )
+                .expect("builds"),
+            )
+        })
         .collect();
     workers[0].create(&store).expect("created");
     let n = clients.len();

@@ -4,6 +4,7 @@
 use super::codec::{decode_shared, Claim, CLAIM_REFRESH_MS, CLAIM_TTL_MS, MAX_CLAIMS};
 use super::tests::*;
 use super::*;
+use crate::pipeline::telemetry::Registry;
 use crate::store::memory::{views, MemoryStore};
 use crate::wiring::parse;
 use std::rc::Rc;
@@ -13,7 +14,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 /// Two workers a and b over one store (`QUEUE`, 2 slots): b holds both
 /// slots (critical requests 1 and 2, at T0); a's critical request 3 waits
 /// since T0 + 1, then b's critical request 4 since T0 + 2.
-fn two_workers_waiting() -> (Shedders, Shedders, MemoryStore) {
+fn two_workers_waiting() -> (Worker, Worker, MemoryStore) {
     let (mut a, store) = shedders(QUEUE);
     let (mut b, _) = shedders(QUEUE);
     for id in 1..=2 {
@@ -152,7 +153,7 @@ fn a_live_worker_keeps_its_claim_alive_and_a_claim_dated_ahead_is_dead() {
         counts: [0, 0, 1],
         newest: [0, 0, 0],
     }];
-    store.raw_set(&b.rules[0].inflight_key, &encode_shared(&v));
+    store.raw_set(&b.all[0].inflight_key, &encode_shared(&v));
     b.release(&store, 0);
     assert!(matches!(
         b.wake(&store, T0 + 202, 0).as_slice(),
@@ -253,7 +254,7 @@ fn property_every_client_gets_its_turn_whichever_worker_it_is_on() {
         let mut max_waited = 0;
         let ids = |c: usize, n: u32| n * 8 + c as u32;
         let mut n = 0u32;
-        let start = |w: &mut Shedders, view: &dyn Store, now: u64, c: usize, n: u32| {
+        let start = |w: &mut Worker, view: &dyn Store, now: u64, c: usize, n: u32| {
             let got = w.arrive(view, now, 0, ids(c, n), Class::Critical);
             assert_ne!(got, Arrival::Shed);
             got
@@ -316,7 +317,7 @@ fn property_every_client_gets_its_turn_whichever_worker_it_is_on() {
 /// Three simulated workers over one store, and what the test driving
 /// them knows: the streams holding a slot and the streams waiting, by worker.
 struct Sim {
-    workers: [Shedders; 3],
+    workers: [Worker; 3],
     store: Rc<MemoryStore>,
     /// Each worker's access to the store: the store itself, or its own
     /// `Remembering` layer over it (as each Envoy worker VM has).
@@ -392,7 +393,7 @@ impl Sim {
     }
 
     fn leased(&self) -> u64 {
-        self.workers.iter().map(|x| x.leased(0)).sum()
+        self.workers.iter().map(|x| x.leased(S0)).sum()
     }
 }
 
@@ -438,7 +439,7 @@ fn slots_are_conserved(remembering: bool) -> u32 {
                 .iter()
                 .filter(|c| c.worker == w.worker)
                 .collect();
-            match w.heads(0).0 {
+            match w.sh.heads(&w.lines, S0).0 {
                 Some(h) if last + CLAIM_TTL_MS - CLAIM_REFRESH_MS > now => {
                     assert!(matches!(mine.as_slice(), [c] if c.same(&h)))
                 }
@@ -476,7 +477,7 @@ fn a_worker_leases_slots_while_far_from_the_limit_and_returns_them_on_a_tick() {
         w.arrive(&store, T0, 0, 1, Class::Default),
         Arrival::Admit { slot: true }
     );
-    assert_eq!((inflight(&store), w.leased(0)), (5, 4));
+    assert_eq!((inflight(&store), w.leased(S0)), (5, 4));
     let sets = store.sets.get();
     // The next four use the lease; their releases refill it: no store writes.
     for id in 2..6 {
@@ -485,23 +486,23 @@ fn a_worker_leases_slots_while_far_from_the_limit_and_returns_them_on_a_tick() {
             Arrival::Admit { slot: true }
         );
     }
-    assert_eq!(w.leased(0), 0);
+    assert_eq!(w.leased(S0), 0);
     for _ in 0..4 {
         w.release(&store, 0);
     }
     assert_eq!(
-        (store.sets.get(), w.leased(0), inflight(&store)),
+        (store.sets.get(), w.leased(S0), inflight(&store)),
         (sets, 4, 5)
     );
     // A full lease: the next release goes to the shared counter.
     w.release(&store, 0);
-    assert_eq!((inflight(&store), w.leased(0)), (4, 4));
+    assert_eq!((inflight(&store), w.leased(S0)), (4, 4));
     // The tick gives the lease back.
     w.return_leases(&store);
-    assert_eq!((inflight(&store), w.leased(0)), (0, 0));
+    assert_eq!((inflight(&store), w.leased(S0)), (0, 0));
     // Near the limit (over three quarters in flight) no lease is taken.
     store.raw_set(
-        &w.rules[0].inflight_key,
+        &w.all[0].inflight_key,
         &super::encode_shared(&Shared {
             inflight: 100,
             ..Shared::default()
@@ -511,7 +512,7 @@ fn a_worker_leases_slots_while_far_from_the_limit_and_returns_them_on_a_tick() {
         w.arrive(&store, T0, 0, 7, Class::Default),
         Arrival::Admit { slot: true }
     );
-    assert_eq!((inflight(&store), w.leased(0)), (101, 0));
+    assert_eq!((inflight(&store), w.leased(S0)), (101, 0));
     w.release(&store, 0);
     assert_eq!(inflight(&store), 100);
 }
@@ -607,10 +608,26 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     )
     .expect("valid");
     let store = MemoryStore::default();
-    let mut a = Shedders::new(&config.shedders, &config.common, T0, 1).expect("builds");
-    let mut b = Shedders::new(&config.shedders, &config.common, T0, 2).expect("builds");
+    let mut a = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 1),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
+    let mut b = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (T0, 2),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     a.create(&store).expect("created");
-    assert_eq!(a.limit(0), Some(3));
+    assert_eq!(a.limit(S0), Some(3));
     // Three admitted at the initial limit; the fourth waits.
     for id in 0..3 {
         assert_eq!(
@@ -629,16 +646,16 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
         now += 100;
         for w in [&mut a, &mut b] {
             for _ in 0..5 {
-                w.sample(0, 20_000, 0);
+                w.sample(S0, 20_000, 0);
             }
             w.adapt(&store, now);
         }
     }
-    let grown = a.limit(0).expect("a limit");
+    let grown = a.limit(S0).expect("a limit");
     assert!(grown > 3, "{grown}");
     b.adapt(&store, now + 1);
-    assert_eq!(b.limit(0), Some(grown));
-    assert_eq!(a.floor_us(0), Some(20_000));
+    assert_eq!(b.limit(S0), Some(grown));
+    assert_eq!(a.floor_us(S0), Some(20_000));
     // The queued request now gets a slot.
     assert!(a
         .wake(&store, now, 0)
@@ -648,14 +665,22 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     // limit falls.
     for _ in 0..5 {
         now += 100;
-        a.sample(0, 40_000, 0);
+        a.sample(S0, 40_000, 0);
         a.adapt(&store, now);
     }
-    assert!(a.limit(0).expect("a limit") < grown);
+    assert!(a.limit(S0).expect("a limit") < grown);
     // A new configuration of the same shedder keeps what was learned.
-    let mut c = Shedders::new(&config.shedders, &config.common, now, 3).expect("builds");
+    let mut c = Worker::new(
+        Shedders::new(
+            &config.shedders,
+            &config.common,
+            (now, 3),
+            &mut Registry::default(),
+        )
+        .expect("builds"),
+    );
     c.read_limits(&store);
-    assert_eq!(c.limit(0), a.limit(0));
+    assert_eq!(c.limit(S0), a.limit(S0));
 }
 
 #[test]

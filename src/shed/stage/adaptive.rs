@@ -37,9 +37,10 @@ impl ShedStage {
             return;
         }
         let now = cx.now().as_ms();
-        self.shedders.adapt(cx.store(), now);
-        for s in 0..self.shedders.rules.len() {
-            if let Some((limit, floor)) = self.m(s).adaptive {
+        let report = self.shedders.adapt(cx.store(), now);
+        self.report(cx, report);
+        for s in self.shedders.ids() {
+            if let Some((limit, floor)) = self.metrics(s).and_then(|m| m.adaptive) {
                 cx.record(limit, self.shedders.limit(s).unwrap_or(0));
                 if let Some(f) = self.shedders.floor_us(s) {
                     cx.record(floor, f / 1_000);

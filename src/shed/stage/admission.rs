@@ -6,12 +6,18 @@
 use super::{Rest, ShedStage};
 use crate::pipeline::stage::{Cx, Effect, Step, StreamId};
 use crate::reply::Rejection;
-use crate::shed::{Arrival, Class};
+use crate::shed::{waiters, Arrival, Class, ShedderId};
 
 impl ShedStage {
     /// The shed answer for a request of `class` at shedder `s`, counted.
-    pub(super) fn answer(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class) -> Option<Rejection> {
-        let spec = &self.shedders.rules.get(s)?.spec;
+    pub(super) fn answer(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        s: ShedderId,
+        class: Class,
+    ) -> Option<Rejection> {
+        let x = self.shedders.get(s)?;
+        let spec = &x.spec;
         let r = crate::shed::reply::rejection(
             &spec.name,
             class.name(),
@@ -19,22 +25,30 @@ impl ShedStage {
             self.jitter_ns,
             cx.rng,
         );
-        if let Some(&id) = self.m(s).shed.get(class as usize) {
+        if let Some(&id) = x.metrics.shed.get(class as usize) {
             cx.add(id, 1);
         }
         Some(r)
     }
 
     /// Answers another (queued) stream with the shed reply.
-    pub(super) fn shed_other(&self, cx: &mut Cx<'_, '_>, s: usize, class: Class, stream: StreamId) {
+    pub(super) fn shed_other(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        s: ShedderId,
+        class: Class,
+        stream: StreamId,
+    ) {
         if let Some(rejection) = self.answer(cx, s, class) {
             cx.effects.push(Effect::Reply { stream, rejection });
         }
     }
 
-    pub(super) fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: usize) {
+    pub(super) fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: ShedderId) {
         self.held.entry(id).or_default().push(s);
-        cx.add(self.m(s).in_flight, 1);
+        if let Some(m) = self.metrics(s) {
+            cx.add(m.in_flight, 1);
+        }
         if self.adaptive {
             let now = cx.now().as_ns();
             self.admitted_ns.entry(id).or_insert(now);
@@ -42,10 +56,9 @@ impl ShedStage {
     }
 
     /// Let through with no slot: a latency-mode shedder watches its answer.
-    pub(super) fn let_through(&mut self, s: usize, watched: &mut Vec<usize>) {
+    pub(super) fn let_through(&mut self, s: ShedderId, watched: &mut Vec<ShedderId>) {
         let latency = self
             .shedders
-            .rules
             .get(s)
             .is_some_and(|r| r.spec.concurrency.is_none());
         if latency {
@@ -55,7 +68,7 @@ impl ShedStage {
     }
 
     /// Latency-mode shedders that let a stream through watch its response.
-    pub(super) fn watch(&mut self, id: StreamId, watched: Vec<usize>, now: u64) {
+    pub(super) fn watch(&mut self, id: StreamId, watched: Vec<ShedderId>, now: u64) {
         if !watched.is_empty() {
             self.watched
                 .entry(id)
@@ -72,16 +85,30 @@ impl ShedStage {
         if self.adaptive {
             self.admitted_ns.remove(&id);
         }
+        let store = cx.store();
         let slots = self.held.remove(&id).unwrap_or_default();
         for &s in &slots {
-            self.shedders.release(cx.store(), s);
-            cx.add(self.m(s).in_flight, -1);
+            let report = self.shedders.release(cx, store, s);
+            self.report(cx, report);
+            if let Some(m) = self.metrics(s) {
+                cx.add(m.in_flight, -1);
+            }
         }
         let mut cancelled = false;
-        for s in 0..self.shedders.rules.len() {
-            if self.shedders.cancel(cx.store(), s, id.0) {
+        // It waits in one line at most: its shedder's.
+        let waits_at = if cx.nobody_waits() {
+            None
+        } else {
+            cx.waiter(id).map(|w| waiters::shedder_of(w.line))
+        };
+        if let Some(s) = waits_at {
+            let (gone, report) = self.shedders.cancel(cx, store, s, id.0);
+            self.report(cx, report);
+            if gone {
                 cancelled = true;
-                cx.add(self.m(s).queued, -1);
+                if let Some(m) = self.metrics(s) {
+                    cx.add(m.queued, -1);
+                }
             }
         }
         if !slots.is_empty() || cancelled {
@@ -95,15 +122,16 @@ impl ShedStage {
         &mut self,
         cx: &mut Cx<'_, '_>,
         (id, now): (StreamId, u64),
-        classes: Vec<(usize, Class)>,
+        classes: Vec<(ShedderId, Class)>,
         until: Option<u64>,
-        watched: &mut Vec<usize>,
+        watched: &mut Vec<ShedderId>,
     ) -> Option<Step> {
         for (k, &(s, class)) in classes.iter().enumerate() {
-            let arrival = self
-                .shedders
-                .arrive_until(cx.store(), now, s, (id.0, class), until);
-            self.changes(cx);
+            let store = cx.store();
+            let (arrival, report) =
+                self.shedders
+                    .arrive_until(cx, store, now, s, (id.0, class), until);
+            self.report(cx, report);
             match arrival {
                 Arrival::Admit { slot: true } => self.hold(cx, id, s),
                 Arrival::Admit { slot: false } => self.let_through(s, watched),
@@ -117,10 +145,15 @@ impl ShedStage {
                     return Some(Step::Reply(self.deadline_answer(cx, s, id)));
                 }
                 Arrival::Queue { evicted } => {
-                    cx.add(self.m(s).queued, 1);
+                    let queued = self.metrics(s).map(|m| m.queued);
+                    if let Some(m) = queued {
+                        cx.add(m, 1);
+                    }
                     cx.tick_changed = true;
                     if let Some(w) = evicted {
-                        cx.add(self.m(s).queued, -1);
+                        if let Some(m) = queued {
+                            cx.add(m, -1);
+                        }
                         self.shed_other(cx, s, w.class, StreamId(w.id));
                     }
                     // The shedders after this one see it when it leaves

@@ -4,18 +4,20 @@
 //! the release), resumes or sheds queued streams when slots free and on
 //! ticks, and feeds response latencies to the latency-mode shedders.
 //!
-//! By role: this file holds the stage proper (its state, its building and
-//! its answers to the pipeline); `metrics.rs` declares its metrics;
-//! `admission.rs` runs a request through its shedders and releases what a
-//! stream held; `wake.rs` resumes, sheds or expires queued streams;
-//! `adaptive.rs` feeds and reads back the adaptive limits.
+//! By role: this file holds the stage proper (its state, its building,
+//! its answers to the pipeline, and what each call on the shedders
+//! reports); `admission.rs` runs a request through its shedders and
+//! releases what a stream held; `wake.rs` resumes, sheds or expires queued
+//! streams; `adaptive.rs` feeds and reads back the adaptive limits. The
+//! queued streams wait in the pipeline's wait list (`Cx` is the shedders'
+//! `Waiters`).
 
 mod adaptive;
 mod admission;
-mod metrics;
 mod wake;
 
-use super::{Class, ShedderSpec, Shedders};
+pub use super::METRICS;
+use super::{Class, Report, ShedMetrics, ShedderId, ShedderSpec, Shedders};
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Signal, Stage, Step, StreamId};
@@ -23,23 +25,20 @@ use crate::pipeline::telemetry::Registry;
 use crate::request::{RequestView, ResponseView};
 use crate::time::Instant;
 use log::{debug, warn};
-pub use metrics::METRICS;
-use metrics::{shedder_metrics, OneShedder};
 
 /// The shedding stage of one configuration.
 pub struct ShedStage {
     shedders: Shedders,
     jitter_ns: u64,
-    metrics: Vec<OneShedder>,
-    /// Concurrency slots held, by stream (shedder indices).
-    held: FastMap<StreamId, Vec<usize>>,
+    /// Concurrency slots held, by stream (their shedders).
+    held: FastMap<StreamId, Vec<ShedderId>>,
     /// With an adaptive limit: when each stream holding a slot was admitted
     /// (ns), for its latency sample.
     admitted_ns: FastMap<StreamId, u64>,
     adaptive: bool,
     /// Latency-mode shedders to report a stream's response latency to, and
     /// when the request arrived (ms).
-    watched: FastMap<StreamId, (Vec<usize>, u64)>,
+    watched: FastMap<StreamId, (Vec<ShedderId>, u64)>,
     /// A queued stream that more shedders match: those, to pass once it
     /// leaves the queue it waits in.
     rest: FastMap<StreamId, Rest>,
@@ -62,7 +61,7 @@ fn queue_name(worker: u32) -> String {
 
 /// The shedders a queued stream has still to pass.
 struct Rest {
-    classes: Vec<(usize, Class)>,
+    classes: Vec<(ShedderId, Class)>,
 }
 
 /// The stage, if the configuration has shedders. `worker` tags this VM's
@@ -77,14 +76,9 @@ pub fn build(
     if specs.is_empty() {
         return Ok(None);
     }
-    let metrics = specs
-        .iter()
-        .map(|s| shedder_metrics(reg, &common.domain, s))
-        .collect();
     Ok(Some(Box::new(ShedStage {
-        shedders: Shedders::new(specs, common, now_ms, worker)?,
+        shedders: Shedders::new(specs, common, (now_ms, worker), reg)?,
         jitter_ns: common.response.retry_after_jitter_ns,
-        metrics,
         held: FastMap::default(),
         admitted_ns: FastMap::default(),
         adaptive: specs
@@ -103,19 +97,29 @@ pub fn build(
 }
 
 impl ShedStage {
-    fn m(&self, s: usize) -> OneShedder {
-        self.metrics.get(s).copied().unwrap_or_default()
+    /// Shedder `s`'s metric ids (every shedder's: `s` comes from the
+    /// shedders).
+    fn metrics(&self, s: ShedderId) -> Option<ShedMetrics> {
+        self.shedders.get(s).map(|x| x.metrics)
     }
 
-    /// Reports the overload changes the shedders noted.
-    fn changes(&mut self, cx: &mut Cx<'_, '_>) {
-        for (s, overloaded) in std::mem::take(&mut self.shedders.changes) {
-            let name = self
-                .shedders
-                .rules
-                .get(s)
-                .map_or("", |x| x.spec.name.as_str());
-            cx.add(self.m(s).overloaded, if overloaded { 1 } else { -1 });
+    /// Carries out what a call on the shedders did: overload changes are
+    /// counted and logged, and the workers a free slot is left to are
+    /// woken, each once per pipeline call (store failures have no metric
+    /// of their own here).
+    fn report(&self, cx: &mut Cx<'_, '_>, report: Report) {
+        for w in report.wakes {
+            let wake = Signal::Wake(queue_name(w));
+            if !cx.signals.contains(&wake) {
+                cx.signals.push(wake);
+            }
+        }
+        for (s, overloaded) in report.changes {
+            let Some(x) = self.shedders.get(s) else {
+                continue;
+            };
+            let name = x.spec.name.as_str();
+            cx.add(x.metrics.overloaded, if overloaded { 1 } else { -1 });
             if overloaded {
                 warn!("sluice: shedder `{name}`: queue delay above target, shedding");
             } else {
@@ -166,15 +170,15 @@ impl Stage for ShedStage {
             for s in watched {
                 let reported_ms = self
                     .shedders
-                    .rules
                     .get(s)
                     .and_then(|r| r.spec.latency.queue_time_header.as_deref())
                     .and_then(|h| resp.header(h))
                     .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
-                self.shedders
-                    .response(now, s, now.saturating_sub(start_ms), reported_ms);
+                let report =
+                    self.shedders
+                        .response(now, s, now.saturating_sub(start_ms), reported_ms);
+                self.report(cx, report);
             }
-            self.changes(cx);
         }
         self.held.contains_key(&id)
     }
@@ -195,7 +199,9 @@ impl Stage for ShedStage {
             self.listening = true;
             cx.signals.push(Signal::Listen(self.queue.clone()));
         }
-        self.shedders.return_leases(cx.store());
+        let store = cx.store();
+        let report = self.shedders.return_leases(cx, store);
+        self.report(cx, report);
         self.adapt(cx);
         self.wake(cx);
     }
@@ -207,16 +213,17 @@ impl Stage for ShedStage {
         }
     }
 
-    /// Waiting requests, failed decrements to retry, and an adaptive
-    /// limit's samples to merge soon ([`Shedders::merge_soon`]) need the
-    /// fast tick.
+    /// Failed decrements to retry, and an adaptive limit's samples to
+    /// merge soon ([`Shedders::merge_soon`]), need the fast tick (waiting
+    /// requests have it from the pipeline, whose list they wait in).
     fn wants_fast_tick(&self) -> bool {
-        self.shedders.has_retries()
-            || (0..self.shedders.rules.len()).any(|s| self.shedders.queued(s) > 0)
-            || self.shedders.merge_soon()
+        self.shedders.has_retries() || self.shedders.merge_soon()
     }
 
+    /// Leased slots go back; nobody is woken for them (the others' waiters
+    /// find them on their next poll).
     fn close(&mut self, cx: &mut Cx<'_, '_>) {
-        self.shedders.return_leases(cx.store());
+        let store = cx.store();
+        let _woken_by_polls = self.shedders.return_leases(cx, store);
     }
 }

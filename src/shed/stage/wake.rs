@@ -1,12 +1,13 @@
 //! Wake-ups of queued streams: after a release and on ticks, each queue
 //! resumes the streams a slot is left to (through the shedders after it,
 //! then upstream) and sheds the others, or answers those whose deadline
-//! passed; the workers whose waiters were left a slot are signalled.
+//! passed (the workers whose waiters were left a slot are signalled as
+//! each call's `Report` comes back: `ShedStage::report`).
 
-use super::{queue_name, Rest, ShedStage};
-use crate::pipeline::stage::{Cx, Effect, Signal, Step, StreamId};
+use super::{Rest, ShedStage};
+use crate::pipeline::stage::{Cx, Effect, Step, StreamId};
 use crate::reply::Rejection;
-use crate::shed::Wake;
+use crate::shed::{ShedderId, Wake};
 use crate::time::Instant;
 
 impl ShedStage {
@@ -24,23 +25,23 @@ impl ShedStage {
             }
         }
         self.waking = false;
-        for w in self.shedders.take_wakes() {
-            cx.signals.push(Signal::Wake(queue_name(w)));
-        }
     }
 
     pub(super) fn wake_round(&mut self, cx: &mut Cx<'_, '_>) {
-        for s in 0..self.shedders.rules.len() {
+        for s in self.shedders.ids() {
             let sh = &self.shedders;
-            if sh.queued(s) == 0 && !sh.overloaded(s) && !sh.has_retries() {
+            if sh.queued(cx, s) == 0 && !sh.overloaded(s) && !sh.has_retries() {
                 continue;
             }
             let now = cx.now().as_ms();
-            let wakes = self.shedders.wake(cx.store(), now, s);
-            self.changes(cx);
-            let m = self.m(s);
+            let store = cx.store();
+            let (wakes, report) = self.shedders.wake(cx, store, now, s);
+            self.report(cx, report);
+            let m = self.metrics(s);
             for w in wakes {
-                cx.add(m.queued, -1);
+                if let Some(m) = m {
+                    cx.add(m.queued, -1);
+                }
                 match w {
                     Wake::Resume {
                         id,
@@ -48,7 +49,9 @@ impl ShedStage {
                         slot,
                     } => {
                         let id = StreamId(id);
-                        cx.record(m.queue_ms, waited_ms);
+                        if let Some(m) = m {
+                            cx.record(m.queue_ms, waited_ms);
+                        }
                         if slot {
                             self.hold(cx, id, s);
                         }
@@ -105,7 +108,7 @@ impl ShedStage {
     }
 
     /// Answers a queued stream whose deadline passed while it waited.
-    pub(super) fn expired(&mut self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) {
+    pub(super) fn expired(&mut self, cx: &mut Cx<'_, '_>, s: ShedderId, id: StreamId) {
         let rejection = self.deadline_answer(cx, s, id);
         cx.effects.push(Effect::Reply {
             stream: id,
@@ -116,12 +119,13 @@ impl ShedStage {
     /// The answer to stream `id`, whose deadline passes (or, with
     /// `shed_early`, would pass) in shedder `s`'s queue, counted: the
     /// answer says how much time it truly has left.
-    pub(super) fn deadline_answer(&self, cx: &mut Cx<'_, '_>, s: usize, id: StreamId) -> Rejection {
-        let name = self
-            .shedders
-            .rules
-            .get(s)
-            .map_or("", |r| r.spec.name.as_str());
+    pub(super) fn deadline_answer(
+        &self,
+        cx: &mut Cx<'_, '_>,
+        s: ShedderId,
+        id: StreamId,
+    ) -> Rejection {
+        let name = self.shedders.get(s).map_or("", |r| r.spec.name.as_str());
         cx.deadline_answer(id, &format!("shed/{name}"))
     }
 }

@@ -1,9 +1,10 @@
 //! The metrics of each shedder (labels `domain`, `shedder`): their ids,
-//! and their declaration in the registry when the stage is built.
+//! kept by each shedder, and their declaration in the registry when the
+//! shedders are built.
 
+use super::config::{Class, ShedderSpec};
 use crate::pipeline::telemetry::Declared;
 use crate::pipeline::telemetry::{Kind, MetricId, Registry};
-use crate::shed::{Class, ShedderSpec};
 
 /// The metrics of shedders.
 pub const METRICS: &[Declared] = &[
@@ -45,8 +46,8 @@ pub const METRICS: &[Declared] = &[
 ];
 
 /// Metric ids of one shedder (labels `domain`, `shedder`).
-#[derive(Default, Clone, Copy)]
-pub(super) struct OneShedder {
+#[derive(Debug, Clone, Copy)]
+pub struct ShedMetrics {
     pub(super) in_flight: MetricId,
     pub(super) queued: MetricId,
     pub(super) queue_ms: MetricId,
@@ -57,7 +58,7 @@ pub(super) struct OneShedder {
 }
 
 /// The metrics of one shedder (labels `domain`, `shedder`).
-pub(super) fn shedder_metrics(reg: &mut Registry, domain: &str, s: &ShedderSpec) -> OneShedder {
+pub(super) fn shedder_metrics(reg: &mut Registry, domain: &str, s: &ShedderSpec) -> ShedMetrics {
     let labels = [("domain", domain), ("shedder", s.name.as_str())];
     // Indexed by `Class as usize`.
     let classes = [Class::Sheddable, Class::Default, Class::Critical].map(Class::name);
@@ -69,7 +70,7 @@ pub(super) fn shedder_metrics(reg: &mut Registry, domain: &str, s: &ShedderSpec)
             m(Kind::Gauge, "sluice_shed_latency_floor_ms"),
         )
     });
-    OneShedder {
+    ShedMetrics {
         in_flight: m(Kind::Gauge, "sluice_shed_in_flight"),
         queued: m(Kind::Gauge, "sluice_shed_queued"),
         queue_ms: m(Kind::Histogram, "sluice_shed_queue_ms"),
