@@ -10,7 +10,7 @@ VENV            := .venv
 ENVOY           := $(VENV)/bin/envoy
 PY              := $(VENV)/bin/python
 
-.PHONY: all build run test test-core test-wasm32 test-host test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
+.PHONY: all build build-native test-native run test test-core test-wasm32 test-host test-e2e test-e2e-product test-tooling test-e2e-quick lint fmt deps clean bench bench-instructions bench-memory bench-overload
 
 all: build
 
@@ -35,6 +35,23 @@ build: .tools/targets
 	cargo build --release --target wasm32-wasip1
 	python3 scripts/strip_exports.py $(WASM)
 	@ls -l $(WASM) | awk '{print "sluice.wasm: " $$5 " bytes"}'
+
+# The native build (native/: an Envoy 1.40 dynamic module over the same
+# core; native/README.md): native/target/release/libsluice_native.so.
+NATIVE := native/target/release/libsluice_native.so
+build-native:
+	cd native && cargo build --release
+	@ls -l $(NATIVE) | awk '{print "libsluice_native.so: " $$5 " bytes"}'
+
+# Its unit tests, then its end-to-end tests in Envoy (tests/e2e/test_native.py,
+# marked `native`: run here, so test-e2e leaves them out). A debug build in
+# the filter's target directory, reusing the dependencies test-core built
+# (about 10 s); its lints are in `lint`.
+NATIVE_DEBUG := target/debug/libsluice_native.so
+test-native: $(ENVOY)
+	cd native && CARGO_TARGET_DIR=../target cargo build
+	cd native && CARGO_TARGET_DIR=../target cargo test
+	SLUICE_NATIVE=$(NATIVE_DEBUG) $(PY) -m pytest tests/e2e/test_native.py -v
 
 # The demo (envoy/envoy.yaml in front of envoy/upstream.yaml) on these ports:
 # e.g. make run PORT=20000 ADMIN_PORT=20001 UPSTREAM_PORT=20002
@@ -70,13 +87,13 @@ run-container: build $(ENVOY) container-deps
 	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
 	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
 
-test: lint test-core test-wasm32 test-rls test-host test-e2e
+test: lint test-core test-wasm32 test-rls test-host test-native test-e2e
 
 test-core:
 	cargo test --features schema
 
 test-wasm32: deps
-	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \
+	WASI_SHARDS=2 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \
 	  cargo test --target wasm32-wasip1
 
 # The built module in a proxy-wasm host of the tests' own (tests/host/, on
@@ -92,11 +109,11 @@ test-host: build
 # slow). The two halves alone: test-e2e-product, test-tooling; the quick
 # set (neither slow test): test-e2e-quick.
 test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
-	$(PY) -m pytest tests -v
+	$(PY) -m pytest tests -v -m "not native"
 
 # The filter's behaviour in real Envoys (global rules need rls/ and Redis).
 test-e2e-product: build $(ENVOY) rls redis-deps
-	$(PY) -m pytest tests/e2e -v
+	$(PY) -m pytest tests/e2e -v -m "not native"
 
 # scripts/ (make run, run-fleet, run-container, oci), the Makefile, the
 # reference rate-limit service, the schema and observability/.
@@ -104,7 +121,7 @@ test-tooling: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls red
 	$(PY) -m pytest tests/tooling -v
 
 test-e2e-quick: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
-	$(PY) -m pytest tests -v -m "not slow"
+	$(PY) -m pytest tests -v -m "not slow and not native"
 
 # The reference rate-limit service (rls/: its own crate and Cargo.lock, not
 # part of the filter): tests/tooling/test_rls.py points Envoy's native ratelimit
@@ -155,6 +172,8 @@ lint: .tools/targets
 	# compiled only without it), in one check instead of two.
 	cargo clippy --all-targets --features schema -- -D warnings
 	cargo clippy --target wasm32-wasip1 --all-targets -- -D warnings
+	cd native && cargo fmt --check
+	cd native && CARGO_TARGET_DIR=../target cargo clippy --all-targets -- -D warnings
 
 fmt:
 	cargo fmt

@@ -24,6 +24,8 @@ import http1
 
 ROOT = Path(__file__).resolve().parent.parent
 WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/sluice.wasm"))
+# The native build (native/, an Envoy dynamic module): `make build-native`.
+NATIVE = Path(os.environ.get("SLUICE_NATIVE", ROOT / "native/target/release/libsluice_native.so"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
 
 # How long a test waits for something that must happen (`wait_until`).
@@ -240,6 +242,31 @@ def wasm_filter(plugin_config, wasm=WASM, vm_id="sluice"):
     }
 
 
+def native_filter(plugin_config, lib=NATIVE):
+    """The same configuration for the native build (native/README.md)."""
+    return {
+        "name": "sluice",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {"module": {"local": {"filename": str(lib)}}, "do_not_close": True},
+            "filter_name": "sluice",
+            "filter_config": {
+                "@type": "type.googleapis.com/google.protobuf.StringValue",
+                "value": plugin_config if isinstance(plugin_config, str) else json.dumps(plugin_config),
+            },
+        },
+    }
+
+
+HOSTS = {"wasm": wasm_filter, "native": native_filter}
+
+# Envoy 1.40 names a dynamic module's metrics `envoy_dynamicmodulescustom_*`
+# in /stats/prometheus unless this runtime flag is on; with it, the native
+# build's series are the wasm build's (`sluice_*`).
+NATIVE_RUNTIME = {"layers": [{"name": "static", "static_layer": {
+    "envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix": True}}]}
+
+
 def cluster(name, port):
     return {
         "name": name,
@@ -394,13 +421,16 @@ class Stack(Pair):
     """An upstream Envoy and a front Envoy with sluice, started together."""
 
     def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=(),
-                 filters_before=None):
+                 filters_before=None, host="wasm"):
+        """`host`: the build of sluice, "wasm" or "native" (see HOSTS)."""
         self.port = free_port()
         self.upstream_port = free_port()
         self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
-        filters = (filters_before or []) + [wasm_filter(plugin_config)] + (extra_filters or [])
+        filters = (filters_before or []) + [HOSTS[host](plugin_config)] + (extra_filters or [])
         clusters = [(n, p or self.upstream_port) for n, p in extra_clusters]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters, routes, clusters)
+        if host == "native":
+            boot["layered_runtime"] = NATIVE_RUNTIME
         self.front = Envoy(boot, concurrency, log_level)
 
     def upstream_requests(self):
@@ -408,9 +438,9 @@ class Stack(Pair):
         return self.upstream.stat("http.upstream.downstream_rq_total")
 
 
-def validate(plugin_config):
+def validate(plugin_config, host="wasm"):
     """Runs `envoy --mode validate` on a front config; returns (ok, output)."""
-    boot = front_bootstrap(free_port(), free_port(), free_port(), [wasm_filter(plugin_config)])
+    boot = front_bootstrap(free_port(), free_port(), free_port(), [HOSTS[host](plugin_config)])
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "envoy.json"
         cfg.write_text(json.dumps(boot))

@@ -1,0 +1,206 @@
+//! The part of Envoy's dynamic-module ABI this module uses, declared by
+//! hand (no bindgen, no libclang), pinned to Envoy 1.40's ABI `v0.2.0`
+//! (`source/extensions/dynamic_modules/abi/abi.h`; the callbacks' argument
+//! lists checked against the 1.40 binary).
+//!
+//! Buffers are `{ptr, len}` passed by value: on x86-64 and aarch64 a
+//! 16-byte struct of two integers travels in two registers, as two
+//! arguments would. Every callback declared here is imported, and a Rust
+//! `cdylib` binds them all at load: a callback the Envoy binary lacks fails
+//! the load (the e2e test checks the imports against the binary in use).
+
+use std::ffi::c_void;
+
+/// The ABI version Envoy 1.40 expects from `envoy_dynamic_module_on_program_init`.
+pub const ABI_VERSION: &std::ffi::CStr = c"v0.2.0";
+
+/// Envoy's `DynamicModuleHttpFilter` of one stream (`filter_envoy_ptr`).
+pub type FilterPtr = *mut c_void;
+/// Envoy's `DynamicModuleHttpFilterConfig` (`filter_config_envoy_ptr`).
+pub type ConfigEnvoyPtr = *mut c_void;
+/// A per-stream scheduler Envoy made for the module.
+pub type SchedulerPtr = *mut c_void;
+
+/// `envoy_dynamic_module_type_{envoy,module}_buffer`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Buffer {
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+impl Buffer {
+    pub const EMPTY: Buffer = Buffer {
+        ptr: std::ptr::null(),
+        len: 0,
+    };
+
+    pub fn of(bytes: &[u8]) -> Buffer {
+        Buffer {
+            ptr: bytes.as_ptr(),
+            len: bytes.len(),
+        }
+    }
+
+    /// The bytes, copied (`None` for a null pointer).
+    ///
+    /// # Safety
+    /// `ptr` must point at `len` readable bytes (Envoy's promise for the
+    /// duration of the call that handed the buffer over).
+    pub unsafe fn to_vec(self) -> Option<Vec<u8>> {
+        if self.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's promise.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.to_vec())
+    }
+}
+
+/// `envoy_dynamic_module_type_module_http_header`.
+#[repr(C)]
+pub struct Header {
+    pub key_ptr: *const u8,
+    pub key_len: usize,
+    pub value_ptr: *const u8,
+    pub value_len: usize,
+}
+
+impl Header {
+    pub fn of(key: &str, value: &str) -> Header {
+        Header {
+            key_ptr: key.as_ptr(),
+            key_len: key.len(),
+            value_ptr: value.as_ptr(),
+            value_len: value.len(),
+        }
+    }
+}
+
+/// `envoy_dynamic_module_type_http_header_type`.
+pub const REQUEST_HEADERS: u32 = 0;
+pub const RESPONSE_HEADERS: u32 = 2;
+
+/// `envoy_dynamic_module_type_on_http_filter_*_status`: go on, or stop
+/// iteration (the stream waits for `continue_decoding` or a local reply).
+pub const CONTINUE: u32 = 0;
+pub const STOP_ITERATION: u32 = 1;
+
+/// `envoy_dynamic_module_type_attribute_id`.
+pub const ATTR_RESPONSE_CODE_DETAILS: u32 = 16;
+pub const ATTR_SOURCE_ADDRESS: u32 = 24;
+pub const ATTR_XDS_CLUSTER_NAME: u32 = 57;
+pub const ATTR_XDS_ROUTE_NAME: u32 = 61;
+
+/// `envoy_dynamic_module_type_log_level`.
+pub const LOG_DEBUG: u32 = 1;
+pub const LOG_INFO: u32 = 2;
+pub const LOG_WARN: u32 = 3;
+pub const LOG_ERROR: u32 = 4;
+
+#[cfg(not(test))]
+extern "C" {
+    pub fn envoy_dynamic_module_callback_log(level: u32, message: Buffer);
+    pub fn envoy_dynamic_module_callback_log_enabled(level: u32) -> bool;
+    pub fn envoy_dynamic_module_callback_http_get_header(
+        filter: FilterPtr,
+        header_type: u32,
+        key: Buffer,
+        result: *mut Buffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_add_header(
+        filter: FilterPtr,
+        header_type: u32,
+        key: Buffer,
+        value: Buffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_set_header(
+        filter: FilterPtr,
+        header_type: u32,
+        key: Buffer,
+        value: Buffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_send_response(
+        filter: FilterPtr,
+        status: u32,
+        headers: *const Header,
+        headers_len: usize,
+        body: Buffer,
+        details: Buffer,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: FilterPtr,
+        attribute: u32,
+        result: *mut Buffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_filter_get_worker_index(filter: FilterPtr) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterPtr);
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+        filter: FilterPtr,
+    ) -> SchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event_id: u64,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigEnvoyPtr,
+        name: Buffer,
+        label_names: *const Buffer,
+        label_names_len: usize,
+        id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: ConfigEnvoyPtr,
+        name: Buffer,
+        label_names: *const Buffer,
+        label_names_len: usize,
+        id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+        config: ConfigEnvoyPtr,
+        name: Buffer,
+        label_names: *const Buffer,
+        label_names_len: usize,
+        id: *mut usize,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_increment_gauge(
+        filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_decrement_gauge(
+        filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_set_gauge(
+        filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
+        filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+}
+
+#[cfg(test)]
+pub use crate::fake_envoy::*;

@@ -1,0 +1,181 @@
+//! The callbacks of `abi`, for unit tests: a stream is a [`FakeStream`]
+//! (its `FilterPtr` points at it), and what the module asked of Envoy is
+//! recorded in it.
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::abi::{Buffer, FilterPtr, Header, SchedulerPtr};
+
+/// A local reply: status, headers, body.
+pub type Reply = (u32, Vec<(String, String)>, String);
+
+#[derive(Default, Debug)]
+pub struct FakeStream {
+    pub request: Vec<(String, String)>,
+    pub response: Vec<(String, String)>,
+    pub worker: u32,
+    /// (status, headers, body) of each local reply.
+    pub replies: Vec<Reply>,
+    pub continued: u32,
+}
+
+impl FakeStream {
+    pub fn ptr(&mut self) -> FilterPtr {
+        (self as *mut FakeStream).cast()
+    }
+}
+
+unsafe fn stream<'a>(f: FilterPtr) -> &'a mut FakeStream {
+    unsafe { &mut *f.cast::<FakeStream>() }
+}
+
+unsafe fn text(b: Buffer) -> String {
+    String::from_utf8(unsafe { b.to_vec() }.unwrap_or_default()).unwrap()
+}
+
+fn map(s: &mut FakeStream, header_type: u32) -> &mut Vec<(String, String)> {
+    if header_type == crate::abi::REQUEST_HEADERS {
+        &mut s.request
+    } else {
+        &mut s.response
+    }
+}
+
+pub unsafe fn envoy_dynamic_module_callback_log(_level: u32, _message: Buffer) {}
+
+pub unsafe fn envoy_dynamic_module_callback_log_enabled(_level: u32) -> bool {
+    false
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_get_header(
+    f: FilterPtr,
+    header_type: u32,
+    key: Buffer,
+    result: *mut Buffer,
+    _index: usize,
+    _optional_size: *mut usize,
+) -> bool {
+    let key = unsafe { text(key) };
+    let s = unsafe { stream(f) };
+    match map(s, header_type).iter().find(|(k, _)| *k == key) {
+        Some((_, v)) => {
+            unsafe { *result = Buffer::of(v.as_bytes()) };
+            true
+        }
+        None => false,
+    }
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_add_header(
+    f: FilterPtr,
+    header_type: u32,
+    key: Buffer,
+    value: Buffer,
+) -> bool {
+    let (k, v) = unsafe { (text(key), text(value)) };
+    map(unsafe { stream(f) }, header_type).push((k, v));
+    true
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_set_header(
+    f: FilterPtr,
+    header_type: u32,
+    key: Buffer,
+    value: Buffer,
+) -> bool {
+    let (k, v) = unsafe { (text(key), text(value)) };
+    let m = map(unsafe { stream(f) }, header_type);
+    m.retain(|(n, _)| *n != k);
+    m.push((k, v));
+    true
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_send_response(
+    f: FilterPtr,
+    status: u32,
+    headers: *const Header,
+    headers_len: usize,
+    body: Buffer,
+    _details: Buffer,
+) {
+    let headers = unsafe { std::slice::from_raw_parts(headers, headers_len) }
+        .iter()
+        .map(|h| unsafe {
+            (
+                text(Buffer {
+                    ptr: h.key_ptr,
+                    len: h.key_len,
+                }),
+                text(Buffer {
+                    ptr: h.value_ptr,
+                    len: h.value_len,
+                }),
+            )
+        })
+        .collect();
+    let body = unsafe { text(body) };
+    unsafe { stream(f) }.replies.push((status, headers, body));
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+    _f: FilterPtr,
+    _attribute: u32,
+    _result: *mut Buffer,
+) -> bool {
+    false
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_get_worker_index(f: FilterPtr) -> u32 {
+    unsafe { stream(f) }.worker
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_continue_decoding(f: FilterPtr) {
+    unsafe { stream(f) }.continued += 1;
+}
+
+/// A scheduler that schedules nothing (tests tick through the hooks).
+pub unsafe fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+    f: FilterPtr,
+) -> SchedulerPtr {
+    f
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+    _s: SchedulerPtr,
+    _event_id: u64,
+) {
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_scheduler_delete(_s: SchedulerPtr) {}
+
+/// Metrics: ids count up from 1; changes are not recorded.
+static NEXT_METRIC: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+    _config: crate::abi::ConfigEnvoyPtr,
+    _name: Buffer,
+    _label_names: *const Buffer,
+    _label_names_len: usize,
+    id: *mut usize,
+) -> u32 {
+    unsafe { *id = NEXT_METRIC.fetch_add(1, std::sync::atomic::Ordering::Relaxed) };
+    0
+}
+
+pub use envoy_dynamic_module_callback_http_filter_config_define_counter as envoy_dynamic_module_callback_http_filter_config_define_gauge;
+pub use envoy_dynamic_module_callback_http_filter_config_define_counter as envoy_dynamic_module_callback_http_filter_config_define_histogram;
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_increment_counter(
+    _f: FilterPtr,
+    _id: usize,
+    _label_values: *const Buffer,
+    _label_values_len: usize,
+    _value: u64,
+) -> u32 {
+    0
+}
+
+pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_increment_gauge;
+pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_decrement_gauge;
+pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_set_gauge;
+pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_record_histogram_value;

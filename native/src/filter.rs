@@ -1,0 +1,286 @@
+//! One HTTP stream: each hook calls its worker's pipeline and carries out
+//! the answer (go on, a local reply, a paused stream; effects on the
+//! worker's other paused streams; response headers).
+//!
+//! Every call into Envoy happens with the worker's state unlocked: a
+//! callback may run this module's hooks again on this thread (a local
+//! reply runs the response hooks, a resumed stream its later filters).
+
+use crate::abi::{self, FilterPtr};
+use crate::adapter::{Effect, Engine, Outcome, Verdict};
+use crate::config::{FilterConfig, Worker, WorkerState};
+use crate::metrics::EnvoySink;
+use crate::reply;
+use crate::ticker;
+use crate::views::{self, HostRequest, HostResponse};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Stream ids, unique among the streams alive in the process.
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+pub struct Filter {
+    config: Arc<FilterConfig>,
+    envoy: FilterPtr,
+    /// The worker's index, if the stream calls the pipeline.
+    worker: Option<u32>,
+    id: u32,
+    /// The pipeline heard of the stream's end.
+    ended: bool,
+    /// Made when the stream first waits (see `ticker`).
+    scheduler: Cell<abi::SchedulerPtr>,
+}
+
+impl Filter {
+    pub fn new(config: Arc<FilterConfig>, envoy: FilterPtr) -> Self {
+        let worker = if config.empty {
+            None
+        } else {
+            // SAFETY: `envoy` is the new stream's live Envoy filter.
+            Some(unsafe { abi::envoy_dynamic_module_callback_http_filter_get_worker_index(envoy) })
+        };
+        Filter {
+            config,
+            envoy,
+            worker,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ended: false,
+            scheduler: Cell::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// Metrics through the filter of stream `envoy` (of this configuration).
+    fn sink(&self, envoy: FilterPtr) -> EnvoySink<'_> {
+        EnvoySink {
+            ids: &self.config.metrics,
+            filter: envoy,
+        }
+    }
+
+    fn worker(&self) -> Option<&Worker> {
+        self.config.worker(self.worker?)
+    }
+
+    /// Whether a panic in a hook refuses the request (`failure_mode_deny`).
+    pub fn deny_on_failure(&self) -> bool {
+        self.config.deny
+    }
+
+    /// The request's headers: the pipeline's verdict, after the worker's
+    /// tick if one is due.
+    pub fn request_headers(&mut self) -> u32 {
+        let Some(w) = self.worker() else {
+            return abi::CONTINUE;
+        };
+        let req = HostRequest(self.envoy);
+        let (id, envoy) = (self.id, self.envoy);
+        let m = &mut self.sink(envoy);
+        let decided = self.config.with(w, |e, st| {
+            let ticked = tick_if_due(e, st, m);
+            let (verdict, out) = e.request(m, id, &req);
+            if verdict == Verdict::Pause {
+                st.paused.insert(id, envoy);
+            }
+            (ticked, verdict, out)
+        });
+        let Some((ticked, verdict, out)) = decided else {
+            return abi::CONTINUE;
+        };
+        self.carry_out(w, ticked);
+        self.carry_out(w, out);
+        match verdict {
+            Verdict::Continue => abi::CONTINUE,
+            // Resumed or answered later through an effect, maybe from a
+            // tick: the ticker ticks the worker while the stream waits.
+            Verdict::Pause => {
+                self.wait(w);
+                abi::STOP_ITERATION
+            }
+            Verdict::Reply(r) => {
+                reply::send(self.envoy, &r, self.config.reason_header.as_deref());
+                abi::STOP_ITERATION
+            }
+        }
+    }
+
+    /// The response's headers: the stages holding something see them;
+    /// their headers are added.
+    pub fn response_headers(&mut self) -> u32 {
+        let Some(w) = self.worker() else {
+            return abi::CONTINUE;
+        };
+        let resp = HostResponse(self.envoy);
+        let id = self.id;
+        let m = &mut self.sink(self.envoy);
+        let Some((headers, out)) = self.config.with(w, |e, _| e.response(m, id, &resp)) else {
+            return abi::CONTINUE;
+        };
+        self.carry_out(w, out);
+        for (name, value) in headers {
+            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, &value);
+        }
+        abi::CONTINUE
+    }
+
+    /// The stream ended, however it did (once; `stream_complete`, or the
+    /// filter's destruction if Envoy skipped that).
+    pub fn end(&mut self) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let Some(w) = self.worker() else {
+            return;
+        };
+        let id = self.id;
+        let m = &mut self.sink(self.envoy);
+        let done = self.config.with(w, |e, st| {
+            unpause(w, st, id);
+            (e.end(m, id), tick_if_due(e, st, m))
+        });
+        if let Some((out, ticked)) = done {
+            self.carry_out(w, out);
+            self.carry_out(w, ticked);
+        }
+    }
+
+    /// Carries out the effects on the worker's other streams. Calls out
+    /// and words to other workers (global rules) are not carried out yet.
+    fn carry_out(&self, w: &Worker, out: Outcome) {
+        if let Some(tick) = out.tick {
+            let ms = tick.as_ms();
+            let _ = self.config.with(w, |_, st| st.tick_ms = ms);
+        }
+        for e in out.effects {
+            let (stream, again) = match e {
+                Effect::Resume { stream } => (stream.0, false),
+                Effect::Again { stream } => (stream.0, true),
+                Effect::Reply { stream, rejection } => {
+                    let found = self.config.with(w, |_, st| unpause(w, st, stream.0));
+                    if let Some(Some(envoy)) = found {
+                        reply::send(envoy, &rejection, self.config.reason_header.as_deref());
+                    }
+                    continue;
+                }
+            };
+            self.go_on(w, stream, again);
+        }
+    }
+
+    /// A paused stream of this worker may go on: the later stages (or,
+    /// `again`, the one that paused it) decide on it.
+    fn go_on(&self, w: &Worker, stream: u32, again: bool) {
+        let found = self.config.with(w, |_, st| st.paused.get(&stream).copied());
+        let Some(Some(envoy)) = found else {
+            let m = &mut self.sink(self.envoy);
+            if let Some(out) = self.config.with(w, |e, _| e.gone(m, stream)) {
+                self.carry_out(w, out);
+            }
+            return;
+        };
+        let req = HostRequest(envoy);
+        let m = &mut self.sink(envoy);
+        let decided = self.config.with(w, |e, st| {
+            let (verdict, out) = e.go_on(m, stream, &req, again);
+            if verdict != Verdict::Pause {
+                unpause(w, st, stream);
+            }
+            (verdict, out)
+        });
+        let Some((verdict, out)) = decided else {
+            // SAFETY: a paused stream's filter lives until its end, which
+            // takes it out of `paused`.
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy) };
+            return;
+        };
+        match verdict {
+            Verdict::Continue => {
+                // Its deadline headers, reduced by its wait.
+                for (name, value) in &out.request_headers {
+                    views::set_header(envoy, abi::REQUEST_HEADERS, name, value);
+                }
+                // SAFETY: as above.
+                unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy) };
+            }
+            Verdict::Pause => {}
+            Verdict::Reply(r) => reply::send(envoy, &r, self.config.reason_header.as_deref()),
+        }
+        self.carry_out(
+            w,
+            Outcome {
+                request_headers: Vec::new(),
+                ..out
+            },
+        );
+    }
+}
+
+impl Filter {
+    /// The stream waits: its scheduler lets the ticker tick its worker.
+    fn wait(&self, w: &Worker) {
+        let mut scheduler = self.scheduler.get();
+        if scheduler.is_null() {
+            // SAFETY: the stream's live Envoy filter, on its worker.
+            scheduler =
+                unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(self.envoy) };
+            self.scheduler.set(scheduler);
+        }
+        if !scheduler.is_null() {
+            ticker::wait(worker_key(w), self.id, scheduler);
+        }
+    }
+
+    /// The ticker's event, on this stream's worker: the worker's tick.
+    pub fn scheduled(&mut self) {
+        let Some(w) = self.worker() else {
+            return;
+        };
+        let m = &mut self.sink(self.envoy);
+        let ticked = self.config.with(w, |e, st| {
+            st.next_tick_ms = 0;
+            tick_if_due(e, st, m)
+        });
+        if let Some(out) = ticked {
+            self.carry_out(w, out);
+        }
+    }
+}
+
+/// The stream's end: the pipeline hears of it, and its scheduler goes.
+impl Drop for Filter {
+    fn drop(&mut self) {
+        self.end();
+        let s = self.scheduler.replace(std::ptr::null_mut());
+        if !s.is_null() {
+            // SAFETY: made by `scheduler_new` for this stream, deleted once,
+            // after `end` took it out of the ticker's list.
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(s) };
+        }
+    }
+}
+
+/// A worker's identity for the ticker.
+fn worker_key(w: &Worker) -> usize {
+    std::ptr::from_ref(w) as usize
+}
+
+/// Stream `id` no longer waits on worker `w`: its Envoy filter, if it did.
+fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
+    let found = st.paused.remove(&id);
+    if found.is_some() {
+        ticker::done(worker_key(w), id);
+    }
+    found
+}
+
+/// The worker's tick, if due: the pipeline's periodic work, run from the
+/// worker's own hooks (see `native/README.md` for what is not ticked yet).
+fn tick_if_due(e: &mut Engine, st: &mut WorkerState, m: &mut EnvoySink<'_>) -> Outcome {
+    let now_ms = crate::adapter::now_ns() / 1_000_000;
+    if now_ms < st.next_tick_ms {
+        return Outcome::default();
+    }
+    let period = if st.tick_ms == 0 { 100 } else { st.tick_ms };
+    st.next_tick_ms = now_ms.saturating_add(period);
+    e.tick(m)
+}

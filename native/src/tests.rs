@@ -1,0 +1,136 @@
+//! The hooks as Envoy calls them, over the fake callbacks of `fake_envoy`.
+
+use crate::abi::{self, Buffer};
+use crate::fake_envoy::FakeStream;
+use crate::hooks::*;
+use std::ffi::c_void;
+
+fn config(json: &str) -> *const c_void {
+    envoy_dynamic_module_on_http_filter_config_new(
+        std::ptr::null_mut(),
+        Buffer::of(b"sluice"),
+        Buffer::of(json.as_bytes()),
+    )
+}
+
+/// One stream through the hooks: its request status and the stream.
+fn stream(cfg: *const c_void, worker: u32, headers: &[(&str, &str)]) -> (u32, Box<FakeStream>) {
+    let mut s = Box::new(FakeStream {
+        worker,
+        request: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..FakeStream::default()
+    });
+    let envoy = s.ptr();
+    let f = envoy_dynamic_module_on_http_filter_new(cfg, envoy);
+    let status = envoy_dynamic_module_on_http_filter_request_headers(envoy, f, true);
+    if status == abi::CONTINUE {
+        s.response.push((":status".into(), "200".into()));
+        envoy_dynamic_module_on_http_filter_response_headers(envoy, f, true);
+    }
+    envoy_dynamic_module_on_http_filter_stream_complete(envoy, f);
+    envoy_dynamic_module_on_http_filter_destroy(f);
+    (status, s)
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn the_abi_version_is_envoy_1_40s() {
+    let v = envoy_dynamic_module_on_program_init();
+    // SAFETY: a static C string.
+    assert_eq!(unsafe { std::ffi::CStr::from_ptr(v) }, c"v0.2.0");
+}
+
+#[test]
+fn a_bad_configuration_is_refused() {
+    assert!(
+        config(r#"{"rate_limits":[{"name":"a","bucket":{"rate":0,"period":"1s"}}]}"#).is_null()
+    );
+    assert!(config("not json").is_null());
+    let ok = config("{}");
+    assert!(!ok.is_null());
+    envoy_dynamic_module_on_http_filter_config_destroy(ok);
+}
+
+#[test]
+fn a_bucket_is_shared_by_every_worker_and_refusals_carry_the_headers() {
+    let cfg = config(
+        r#"{"domain":"unit-shared","rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":3}}],
+            "response":{"headers_on_allowed":true,"retry_after_jitter":"0s"}}"#,
+    );
+    let got: Vec<_> = (0..5).map(|i| stream(cfg, i % 2, &[])).collect();
+    let statuses: Vec<u32> = got.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [0, 0, 0, 1, 1]);
+    let (_, allowed) = &got[0];
+    assert_eq!(
+        header(&allowed.response, "x-ratelimit-remaining"),
+        Some("2")
+    );
+    let (_, refused) = &got[3];
+    let (status, headers, body) = &refused.replies[0];
+    assert_eq!(*status, 429);
+    assert_eq!(header(headers, "retry-after"), Some("3600"));
+    assert_eq!(header(headers, "content-type"), Some("application/json"));
+    assert!(body.contains("\"rule\":\"r\""), "{body}");
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}
+
+#[test]
+fn a_grpc_refusal_has_an_explicit_grpc_status() {
+    let cfg = config(
+        r#"{"domain":"unit-grpc","rate_limits":[{"name":"g","bucket":{"rate":1,"period":"1h","burst":1}}]}"#,
+    );
+    let grpc = [("content-type", "application/grpc")];
+    assert_eq!(stream(cfg, 0, &grpc).0, abi::CONTINUE);
+    let (status, s) = stream(cfg, 0, &grpc);
+    assert_eq!(status, abi::STOP_ITERATION);
+    let (_, headers, body) = &s.replies[0];
+    assert_eq!(header(headers, "grpc-status"), Some("8"));
+    assert!(header(headers, "grpc-message").is_some_and(|m| m.contains("rate limited")));
+    assert!(body.is_empty());
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}
+
+#[test]
+fn a_worker_beyond_the_served_ones_passes() {
+    let cfg = config(
+        r#"{"domain":"unit-far","rate_limits":[{"name":"f","bucket":{"rate":1,"period":"1h","burst":1}}]}"#,
+    );
+    let far = crate::config::MAX_WORKERS as u32;
+    assert!((0..3).all(|_| stream(cfg, far, &[]).0 == abi::CONTINUE));
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}
+
+#[test]
+fn a_held_request_is_resumed_on_its_worker_when_a_slot_frees() {
+    let cfg = config(
+        r#"{"domain":"unit-hold","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
+    );
+    let mut first = Box::new(FakeStream::default());
+    let mut second = Box::new(FakeStream::default());
+    let (e1, e2) = (first.ptr(), second.ptr());
+    let f1 = envoy_dynamic_module_on_http_filter_new(cfg, e1);
+    let f2 = envoy_dynamic_module_on_http_filter_new(cfg, e2);
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(e1, f1, true),
+        abi::CONTINUE
+    );
+    // The one slot is taken: the second waits.
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(e2, f2, true),
+        abi::STOP_ITERATION
+    );
+    assert_eq!(second.continued, 0);
+    // The first ends: the second goes on.
+    envoy_dynamic_module_on_http_filter_stream_complete(e1, f1);
+    envoy_dynamic_module_on_http_filter_destroy(f1);
+    assert_eq!(second.continued, 1);
+    envoy_dynamic_module_on_http_filter_stream_complete(e2, f2);
+    envoy_dynamic_module_on_http_filter_destroy(f2);
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}

@@ -1,0 +1,103 @@
+//! The current request and response, read through Envoy's callbacks.
+
+use crate::abi::{self, Buffer, FilterPtr};
+use sluice::request::{Attribute, RequestView, ResponseView};
+
+/// The first value of header `name` of `map` (`abi::REQUEST_HEADERS`...).
+pub fn header(filter: FilterPtr, map: u32, name: &str) -> Option<Vec<u8>> {
+    let mut value = Buffer::EMPTY;
+    // SAFETY: `filter` is the stream's live Envoy filter (the hook's
+    // argument, or a paused stream's, kept until its end); the key lives
+    // for the call; Envoy's value is valid until the headers change, and
+    // is copied at once.
+    unsafe {
+        if !abi::envoy_dynamic_module_callback_http_get_header(
+            filter,
+            map,
+            Buffer::of(name.as_bytes()),
+            &mut value,
+            0,
+            std::ptr::null_mut(),
+        ) {
+            return None;
+        }
+        value.to_vec()
+    }
+}
+
+/// A string attribute of the stream (`abi::ATTR_*`).
+fn attribute(filter: FilterPtr, id: u32) -> Option<Vec<u8>> {
+    let mut value = Buffer::EMPTY;
+    // SAFETY: as in `header`.
+    unsafe {
+        if !abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+            filter, id, &mut value,
+        ) {
+            return None;
+        }
+        value.to_vec()
+    }
+}
+
+/// The request of one stream.
+pub struct HostRequest(pub FilterPtr);
+
+impl RequestView for HostRequest {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        header(self.0, abi::REQUEST_HEADERS, name)
+    }
+
+    fn attribute(&self, attr: Attribute) -> Option<Vec<u8>> {
+        let id = match attr {
+            Attribute::ClientAddress => abi::ATTR_SOURCE_ADDRESS,
+            Attribute::RouteName => abi::ATTR_XDS_ROUTE_NAME,
+            Attribute::ClusterName => abi::ATTR_XDS_CLUSTER_NAME,
+        };
+        attribute(self.0, id)
+    }
+}
+
+/// The response of one stream, each header read when a stage asks.
+pub struct HostResponse(pub FilterPtr);
+
+impl ResponseView for HostResponse {
+    fn status(&self) -> Option<u32> {
+        let v = self.header(":status")?;
+        std::str::from_utf8(&v).ok()?.parse().ok()
+    }
+
+    fn code_details(&self) -> Option<Vec<u8>> {
+        attribute(self.0, abi::ATTR_RESPONSE_CODE_DETAILS)
+    }
+
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        header(self.0, abi::RESPONSE_HEADERS, name)
+    }
+}
+
+/// Adds a header to a map of the stream (appended, as the wasm build does:
+/// no search for an existing one).
+pub fn add_header(filter: FilterPtr, map: u32, name: &str, value: &str) {
+    // SAFETY: as in `header`; both buffers live for the call.
+    unsafe {
+        abi::envoy_dynamic_module_callback_http_add_header(
+            filter,
+            map,
+            Buffer::of(name.as_bytes()),
+            Buffer::of(value.as_bytes()),
+        );
+    }
+}
+
+/// Sets (replaces) a header of a map of the stream.
+pub fn set_header(filter: FilterPtr, map: u32, name: &str, value: &str) {
+    // SAFETY: as in `add_header`.
+    unsafe {
+        abi::envoy_dynamic_module_callback_http_set_header(
+            filter,
+            map,
+            Buffer::of(name.as_bytes()),
+            Buffer::of(value.as_bytes()),
+        );
+    }
+}
