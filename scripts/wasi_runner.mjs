@@ -7,11 +7,49 @@
 // does the same test run natively). The proxy-wasm host calls
 // the filter imports (module `env`) are linked to functions that throw:
 // the core's tests never reach the host adapter.
+//
+// With WASI_SHARDS=N (N > 1) and no test named on the command line, the
+// tests are listed, dealt round-robin to N runs of this runner in
+// parallel (a wasm32 test binary runs its tests on one thread), each
+// run's output printed when it ends; the status is non-zero if any run's is.
+import { spawn } from "node:child_process";
 import { readFile } from "node:fs/promises";
-import { argv, env, exit } from "node:process";
+import { argv, env, execPath, exit, stdout } from "node:process";
 import { WASI } from "node:wasi";
 
 const [file, ...args] = argv.slice(2);
+const shards = Number(env.WASI_SHARDS ?? 1);
+if (shards > 1 && args.every((a) => a.startsWith("-"))) {
+  exit(await sharded(shards));
+}
+
+/** Runs this runner on `file` with `more` arguments: [status, output]. */
+function run(more) {
+  const { WASI_SHARDS, ...rest } = env;
+  const child = spawn(execPath, [...process.execArgv, argv[1], file, ...more], { env: rest });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  child.stderr.on("data", (d) => (out += d));
+  return new Promise((done) => child.on("close", (code) => done([code ?? 1, out])));
+}
+
+async function sharded(n) {
+  const [listed, list] = await run(["--list", "--format", "terse"]);
+  if (listed !== 0) {
+    stdout.write(list);
+    return listed;
+  }
+  const names = list.split("\n").filter((l) => l.endsWith(": test")).map((l) => l.slice(0, -": test".length));
+  const groups = Array.from({ length: n }, (_, i) => names.filter((_, k) => k % n === i));
+  const runs = groups.filter((g) => g.length > 0).map((g) => run([...args, "--exact", ...g]));
+  let status = 0;
+  for (const [code, out] of await Promise.all(runs)) {
+    stdout.write(out);
+    status ||= code;
+  }
+  return status;
+}
+
 const wasi = new WASI({ version: "preview1", args: [file, ...args], env, returnOnExit: true });
 const module = await WebAssembly.compile(await readFile(file));
 const imports = wasi.getImportObject();
