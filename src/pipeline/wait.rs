@@ -12,7 +12,7 @@
 
 use crate::hash::FastMap;
 use crate::time::Instant;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A stage's number for one of its lines.
 pub type LineId = u64;
@@ -37,14 +37,26 @@ pub struct Wait {
 struct Spot {
     stage: usize,
     waiter: Wait,
+    /// Its place among equal keys: the order it joined in.
+    seq: u64,
 }
 
-/// The waiters of one pipeline (one worker), by stage and line.
+/// A line: its streams by (key, order of joining).
+type Line = BTreeMap<(u64, u64), u32>;
+
+/// The waiters of one pipeline (one worker), by stage and line. Joining,
+/// leaving and a time running out each cost a logarithm of the waiters,
+/// whatever the line's length; a tick with nobody's time up costs one
+/// look at the earliest time limit.
 #[derive(Debug, Default)]
 pub struct WaitList {
     /// Each line's streams, in order of their keys.
-    lines: FastMap<(usize, LineId), VecDeque<u32>>,
+    lines: FastMap<(usize, LineId), Line>,
     of: FastMap<u32, Spot>,
+    /// The waiters with a time limit, earliest first.
+    limits: BTreeSet<(Instant, u32)>,
+    /// Joins so far (each waiter's `seq`).
+    joined: u64,
 }
 
 impl WaitList {
@@ -64,15 +76,14 @@ impl WaitList {
         if self.of.contains_key(&stream) {
             return false;
         }
+        let seq = self.joined;
+        self.joined = self.joined.wrapping_add(1);
         let line = self.lines.entry((stage, waiter.line)).or_default();
-        let of = &self.of;
-        let key_of = |s: &u32| of.get(s).map_or(0, |e| e.waiter.key);
-        let at = line
-            .iter()
-            .rposition(|s| key_of(s) <= waiter.key)
-            .map_or(0, |i| i + 1);
-        line.insert(at, stream);
-        self.of.insert(stream, Spot { stage, waiter });
+        line.insert((waiter.key, seq), stream);
+        if let Some(until) = waiter.until {
+            self.limits.insert((until, stream));
+        }
+        self.of.insert(stream, Spot { stage, waiter, seq });
         true
     }
 
@@ -84,16 +95,22 @@ impl WaitList {
     /// Takes `stream` out, if it waits.
     pub(super) fn remove(&mut self, stream: u32) -> Option<(usize, Wait)> {
         let e = self.of.remove(&stream)?;
+        self.unlist(stream, &e);
+        Some((e.stage, e.waiter))
+    }
+
+    /// Takes a stream that left `of` out of its line and its time limit.
+    fn unlist(&mut self, stream: u32, e: &Spot) {
         let key = (e.stage, e.waiter.line);
         if let Some(line) = self.lines.get_mut(&key) {
-            if let Some(i) = line.iter().position(|&s| s == stream) {
-                line.remove(i);
-            }
+            line.remove(&(e.waiter.key, e.seq));
             if line.is_empty() {
                 self.lines.remove(&key);
             }
         }
-        Some((e.stage, e.waiter))
+        if let Some(until) = e.waiter.until {
+            self.limits.remove(&(until, stream));
+        }
     }
 
     /// The streams of a line, in order.
@@ -105,19 +122,19 @@ impl WaitList {
         self.lines
             .get(&(stage, line))
             .into_iter()
-            .flatten()
+            .flat_map(|l| l.values())
             .filter_map(|s| Some((*s, self.of.get(s)?.waiter)))
     }
 
     /// The last stream of a line (the greatest key, the newest among equal ones).
     pub(super) fn last(&self, stage: usize, line: LineId) -> Option<(u32, Wait)> {
-        let s = self.lines.get(&(stage, line))?.back()?;
+        let (_, s) = self.lines.get(&(stage, line))?.last_key_value()?;
         Some((*s, self.of.get(s)?.waiter))
     }
 
     /// How many wait in a line.
     pub(super) fn count(&self, stage: usize, line: LineId) -> usize {
-        self.lines.get(&(stage, line)).map_or(0, VecDeque::len)
+        self.lines.get(&(stage, line)).map_or(0, Line::len)
     }
 
     /// The lines of a stage where someone waits, in order of their ids.
@@ -133,37 +150,17 @@ impl WaitList {
     }
 
     /// Takes out every waiter whose time is up at `now`: (stage, stream,
-    /// waiter), in order of their time. Each line they leave is gone
-    /// through once, however many leave it.
+    /// waiter), in order of their time (then of their stream ids).
     pub(super) fn expired(&mut self, now: Instant) -> Vec<(usize, u32, Wait)> {
-        let mut due: Vec<(Instant, u32)> = self
-            .of
-            .iter()
-            .filter_map(|(s, e)| Some((e.waiter.until?, *s)))
-            .filter(|&(until, _)| until <= now)
-            .collect();
-        if due.is_empty() {
-            return Vec::new();
-        }
-        due.sort_unstable();
-        let mut out = Vec::with_capacity(due.len());
-        let mut lines: Vec<(usize, LineId)> = Vec::new();
-        for (_, s) in due {
-            if let Some(e) = self.of.remove(&s) {
-                let line = (e.stage, e.waiter.line);
-                if !lines.contains(&line) {
-                    lines.push(line);
-                }
-                out.push((e.stage, s, e.waiter));
+        let mut out = Vec::new();
+        while let Some(&(until, s)) = self.limits.first() {
+            if until > now {
+                break;
             }
-        }
-        for key in lines {
-            if let Some(line) = self.lines.get_mut(&key) {
-                let of = &self.of;
-                line.retain(|s| of.contains_key(s));
-                if line.is_empty() {
-                    self.lines.remove(&key);
-                }
+            self.limits.pop_first();
+            if let Some(e) = self.of.remove(&s) {
+                self.unlist(s, &e);
+                out.push((e.stage, s, e.waiter));
             }
         }
         out
@@ -238,6 +235,28 @@ mod tests {
         l.remove(3);
         assert!(l.lines_of(0).is_empty(), "an empty line is forgotten");
         assert_eq!(l.len(), 1);
+    }
+
+    #[test]
+    fn a_waiter_leaves_from_the_middle_of_a_long_line_once_and_its_time_limit_with_it() {
+        let mut l = WaitList::default();
+        for s in 0..1_000u32 {
+            assert!(l.push(0, s, w(1, u64::from(s % 10), Some(5))));
+        }
+        for s in (0..1_000u32).filter(|s| s % 3 == 0) {
+            assert!(l.remove(s).is_some());
+            assert!(l.remove(s).is_none());
+        }
+        let order: Vec<u32> = l.line(0, 1).map(|(s, _)| s).collect();
+        let mut want: Vec<u32> = (0..1_000u32).filter(|s| s % 3 != 0).collect();
+        want.sort_by_key(|s| (s % 10, *s));
+        assert_eq!(order, want, "by key, then in order of joining");
+        assert_eq!(l.last(0, 1).map(|(s, _)| s), want.last().copied());
+        assert!(l.expired(Instant::from_ms(4)).is_empty());
+        let out = l.expired(Instant::from_ms(5));
+        assert_eq!(out.len(), want.len(), "the removed ones are not timed out");
+        assert!(l.is_empty() && l.lines_of(0).is_empty());
+        assert!(l.limits.is_empty());
     }
 
     #[test]
