@@ -1,12 +1,12 @@
 //! Breakers in one VM: a per-VM cache of each key's shared state, refreshed
-//! at most every `sync_ms`, and compare-and-swap updates of the shared state.
+//! at most every `SYNC_MS`, and compare-and-swap updates of the shared state.
 //!
 //! Cost per request is kept low on purpose: while closed, a request costs no
-//! shared-data call at all except one read per `sync_ms` per key; successes
-//! are counted locally and merged at most every `sync_ms` (or on the next
+//! shared-data call at all except one read per `SYNC_MS` per key; successes
+//! are counted locally and merged at most every `SYNC_MS` (or on the next
 //! failure, or on a tick); a failure is merged at once, so a trip happens on
 //! the failure that crosses the threshold. Every worker therefore sees a
-//! trip within `sync_ms` (20 ms) of it.
+//! trip within `SYNC_MS` (20 ms) of it.
 //!
 //! By role: this file holds the types (the breakers, their tickets and
 //! verdicts, the per-key cache entry) and their building; `check.rs` the

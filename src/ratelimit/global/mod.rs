@@ -59,8 +59,9 @@ pub const METHOD: &str = "ShouldRateLimit";
 pub const LEASE_MS: u64 = 1_000;
 /// Most keys a VM notes between two reports (more wait for the next).
 pub const MAX_LOCAL_KEYS: usize = 10_000;
-/// Most keys the leader tracks, and most calls it starts per tick.
+/// Most keys the leader tracks.
 pub const MAX_KEYS: usize = 50_000;
+/// Most calls the leader starts per tick (the rest wait for the next).
 pub const MAX_CALLS_PER_TICK: usize = 128;
 /// The lease, leader and breaker work runs at most this often (ms): on
 /// the slow tick, not on the fast ticks a starved key asks for.

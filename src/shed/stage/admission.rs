@@ -10,25 +10,16 @@ use crate::shed::{waiters, Arrival, Class, ShedderId};
 
 impl ShedStage {
     /// The shed answer for a request of `class` at shedder `s`, counted.
-    pub(super) fn answer(
-        &self,
-        cx: &mut Cx<'_, '_>,
-        s: ShedderId,
-        class: Class,
-    ) -> Option<Rejection> {
-        let x = self.shedders.get(s)?;
-        let spec = &x.spec;
-        let r = crate::shed::reply::rejection(
-            &spec.name,
-            class.name(),
-            spec.status,
-            self.jitter_ns,
-            cx.rng,
-        );
-        if let Some(&id) = x.metrics.shed.get(class as usize) {
+    /// Every id comes from these shedders (`classify`, `ids`); one that
+    /// did not would still be answered, with the default status (503).
+    pub(super) fn answer(&self, cx: &mut Cx<'_, '_>, s: ShedderId, class: Class) -> Rejection {
+        let x = self.shedders.get(s);
+        let (name, status) = x.map_or(("", 503), |x| (x.spec.name.as_str(), x.spec.status));
+        let r = crate::shed::reply::rejection(name, class.name(), status, self.jitter_ns, cx.rng);
+        if let Some(&id) = x.and_then(|x| x.metrics.shed.get(class as usize)) {
             cx.add(id, 1);
         }
-        Some(r)
+        r
     }
 
     /// Answers another (queued) stream with the shed reply.
@@ -39,9 +30,8 @@ impl ShedStage {
         class: Class,
         stream: StreamId,
     ) {
-        if let Some(rejection) = self.answer(cx, s, class) {
-            cx.effects.push(Effect::Reply { stream, rejection });
-        }
+        let rejection = self.answer(cx, s, class);
+        cx.effects.push(Effect::Reply { stream, rejection });
     }
 
     pub(super) fn hold(&mut self, cx: &mut Cx<'_, '_>, id: StreamId, s: ShedderId) {
@@ -137,8 +127,7 @@ impl ShedStage {
                 Arrival::Admit { slot: false } => self.let_through(s, watched),
                 Arrival::Shed => {
                     self.finish(cx, id);
-                    let r = self.answer(cx, s, class)?;
-                    return Some(Step::Reply(r));
+                    return Some(Step::Reply(self.answer(cx, s, class)));
                 }
                 Arrival::Expired => {
                     self.finish(cx, id);
