@@ -1,7 +1,7 @@
 //! The one place this crate calls the core's pipeline and wiring: a change
 //! of their interface (the time the host passes in, say) is an edit here.
 //!
-//! Core APIs used: `wiring::parse`, `wiring::pipeline`, `Pipeline::{start,
+//! Core APIs used: `wiring::parse`, `wiring::pipeline`, `wiring::shared_seed`, `Pipeline::{start,
 //! request, resume, again, response, end, gone, tick, close, is_empty,
 //! reason_header}`, `pipeline::{Env, Outcome, Effect, Verdict}`,
 //! `telemetry::{Sink, MetricId, MetricDef}`, `store::Store`,
@@ -38,6 +38,15 @@ impl Sink for NoMetrics {
     fn add(&mut self, _m: MetricId, _by: i64) {}
     fn add_now(&mut self, _m: MetricId, _by: i64) {}
     fn record(&mut self, _m: MetricId, _value: u64) {}
+}
+
+/// The table-hash seed every worker shares (`wiring::shared_seed`).
+pub fn shared_seed(
+    store: &dyn sluice::store::Store,
+    domain: &str,
+    fresh: [u8; 16],
+) -> Option<(u64, u64)> {
+    wiring::shared_seed(store, domain, fresh)
 }
 
 /// Parses and validates sluice's JSON configuration; the error names the

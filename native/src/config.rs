@@ -147,24 +147,12 @@ impl Drop for FilterConfig {
     }
 }
 
-/// The table-hash seed: created once per process and domain, and read by
-/// every worker, so all place a key in the same slots (the wasm build keeps
-/// it in shared data the same way).
+/// The table-hash seed every worker shares (per process and domain), as
+/// the wasm build keeps it in shared data: `wiring::shared_seed` over the
+/// process store.
 fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
-    let key = format!("sluice/seed/{domain}");
-    let decode = |b: &[u8]| -> Option<(u64, u64)> {
-        let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
-        let c: [u8; 8] = b.get(8..16)?.try_into().ok()?;
-        (b.len() == 16).then(|| (u64::from_le_bytes(a), u64::from_le_bytes(c)))
-    };
-    if let Ok(Some(entry)) = store.get(&key) {
-        if let Some(seed) = decode(&entry.bytes) {
-            return Some(seed);
-        }
-    }
     let mut fresh = random_u64().to_le_bytes().to_vec();
     fresh.extend_from_slice(&random_u64().to_le_bytes());
-    store.set(&key, &fresh, None).ok()?;
-    // Read back: whoever wrote last, everyone ends up on the stored one.
-    decode(&store.get(&key).ok()??.bytes)
+    let fresh: [u8; 16] = fresh.try_into().ok()?;
+    adapter::shared_seed(store, domain, fresh)
 }

@@ -8,9 +8,8 @@ use super::stream::HttpStream;
 use super::views::now;
 use crate::hash::FastMap;
 use crate::pipeline::{Call, Outcome, Signal, SLOW_TICK};
-use crate::store::Store;
 use crate::wiring;
-use log::{error, info, warn};
+use log::{error, info};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType};
@@ -103,26 +102,12 @@ impl Root {
     }
 }
 
-/// The table-hash seed: created once per Envoy (per vm_id and domain) and
-/// read by every VM, so all workers place a key in the same slots.
-fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
-    let key = format!("sluice/seed/{domain}");
-    let decode = |b: &[u8]| -> Option<(u64, u64)> {
-        let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
-        let c: [u8; 8] = b.get(8..16)?.try_into().ok()?;
-        (b.len() == 16).then(|| (u64::from_le_bytes(a), u64::from_le_bytes(c)))
-    };
-    if let Ok(Some(entry)) = store.get(&key) {
-        if let Some(seed) = decode(&entry.bytes) {
-            return Some(seed);
-        }
-        warn!("sluice: shared seed {key} is corrupt; replacing it");
-    }
+/// The table-hash seed every VM of this Envoy shares (per vm_id and
+/// domain): `wiring::shared_seed` over shared data.
+fn shared_seed(domain: &str) -> Option<(u64, u64)> {
     let mut fresh = [0u8; 16];
     getrandom::fill(&mut fresh).ok()?;
-    store.set(&key, &fresh, None).ok()?;
-    // Read back: if another VM raced us, everyone ends up on the stored one.
-    decode(&store.get(&key).ok()??.bytes)
+    wiring::shared_seed(&SharedData, domain, fresh)
 }
 
 fn random_u64() -> u64 {
@@ -133,7 +118,7 @@ fn random_u64() -> u64 {
 fn configure(bytes: &[u8]) -> Result<Plugin, String> {
     let config = wiring::parse(bytes).map_err(|e| e.to_string())?;
     store::forget();
-    let seed = shared_seed(&SharedData, &config.common.domain)
+    let seed = shared_seed(&config.common.domain)
         .ok_or("could not create the shared hash seed in shared data")?;
     let pipeline = wiring::pipeline(&config, seed, random_u64() as u32, now(), random_u64())
         .map_err(|e| e.to_string())?;

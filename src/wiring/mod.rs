@@ -11,10 +11,12 @@
 
 pub mod check;
 pub mod config;
+mod seed;
 #[cfg(test)]
 mod tests;
 
 pub use config::{parse, Config};
+pub use seed::shared_seed;
 
 use crate::config::ConfigError;
 use crate::pipeline::deadline::Budgets;
