@@ -30,6 +30,12 @@ pub struct WorkerState {
     /// The streams paused on this worker, by id: the effects of the
     /// pipeline name streams by id.
     pub paused: HashMap<u32, FilterPtr>,
+    /// Paused streams whose own request hook is still running (a stream
+    /// let go from inside it must not be continued by a call into Envoy:
+    /// its hook returns `Continue` instead).
+    pub in_hook: Vec<u32>,
+    /// Streams of `in_hook` let go meanwhile.
+    pub went_on: Vec<u32>,
     /// When the pipeline's next tick is due (ms since the epoch).
     pub next_tick_ms: u64,
     /// The tick period asked for (ms).

@@ -129,8 +129,19 @@ pub unsafe fn envoy_dynamic_module_callback_http_filter_get_worker_index(f: Filt
     unsafe { stream(f) }.worker
 }
 
+thread_local! {
+    /// What Envoy does synchronously when a stream is continued (review repro).
+    pub static ON_CONTINUE: std::cell::RefCell<Option<Box<dyn FnMut(FilterPtr)>>> =
+        std::cell::RefCell::new(None);
+}
+
 pub unsafe fn envoy_dynamic_module_callback_http_filter_continue_decoding(f: FilterPtr) {
     unsafe { stream(f) }.continued += 1;
+    let hook = ON_CONTINUE.with(|h| h.borrow_mut().take());
+    if let Some(mut h) = hook {
+        h(f);
+        ON_CONTINUE.with(|c| *c.borrow_mut() = Some(h));
+    }
 }
 
 /// A scheduler that schedules nothing (tests tick through the hooks).

@@ -62,6 +62,11 @@ impl Filter {
         self.config.worker(self.worker?)
     }
 
+    #[cfg(test)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// Whether a panic in a hook refuses the request (`failure_mode_deny`).
     pub fn deny_on_failure(&self) -> bool {
         self.config.deny
@@ -80,7 +85,11 @@ impl Filter {
             let ticked = tick_if_due(e, st, m);
             let (verdict, out) = e.request(m, id, &req);
             if verdict == Verdict::Pause {
+                // Paused and ticked together (the ticker ticks the worker
+                // while it waits), before any effect is carried out.
                 st.paused.insert(id, envoy);
+                st.in_hook.push(id);
+                self.wait(w);
             }
             (ticked, verdict, out)
         });
@@ -92,10 +101,19 @@ impl Filter {
         match verdict {
             Verdict::Continue => abi::CONTINUE,
             // Resumed or answered later through an effect, maybe from a
-            // tick: the ticker ticks the worker while the stream waits.
+            // tick; or already, by the effects just carried out.
             Verdict::Pause => {
-                self.wait(w);
-                abi::STOP_ITERATION
+                let left = self.config.with(w, |_, st| {
+                    st.in_hook.retain(|&s| s != id);
+                    let went_on = st.went_on.contains(&id);
+                    st.went_on.retain(|&s| s != id);
+                    went_on
+                });
+                if left == Some(true) {
+                    abi::CONTINUE
+                } else {
+                    abi::STOP_ITERATION
+                }
             }
             Verdict::Reply(r) => {
                 reply::send(self.envoy, &r, self.config.reason_header.as_deref());
@@ -182,12 +200,17 @@ impl Filter {
         let m = &mut self.sink(envoy);
         let decided = self.config.with(w, |e, st| {
             let (verdict, out) = e.go_on(m, stream, &req, again);
+            // Let go inside its own request hook: the hook goes on.
+            let in_hook = st.in_hook.contains(&stream);
             if verdict != Verdict::Pause {
                 unpause(w, st, stream);
+                if in_hook && verdict == Verdict::Continue {
+                    st.went_on.push(stream);
+                }
             }
-            (verdict, out)
+            (verdict, out, in_hook)
         });
-        let Some((verdict, out)) = decided else {
+        let Some((verdict, out, in_hook)) = decided else {
             // SAFETY: a paused stream's filter lives until its end, which
             // takes it out of `paused`.
             unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy) };
@@ -199,8 +222,12 @@ impl Filter {
                 for (name, value) in &out.request_headers {
                     views::set_header(envoy, abi::REQUEST_HEADERS, name, value);
                 }
-                // SAFETY: as above.
-                unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy) };
+                if !in_hook {
+                    // SAFETY: as above.
+                    unsafe {
+                        abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy)
+                    };
+                }
             }
             Verdict::Pause => {}
             Verdict::Reply(r) => reply::send(envoy, &r, self.config.reason_header.as_deref()),
@@ -252,6 +279,11 @@ impl Drop for Filter {
         self.end();
         let s = self.scheduler.replace(std::ptr::null_mut());
         if !s.is_null() {
+            // Out of the ticker's list whatever happened before (`end`
+            // does it for a stream still paused).
+            if let Some(w) = self.worker() {
+                ticker::done(worker_key(w), self.id);
+            }
             // SAFETY: made by `scheduler_new` for this stream, deleted once,
             // after `end` took it out of the ticker's list.
             unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(s) };

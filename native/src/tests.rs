@@ -134,3 +134,53 @@ fn a_held_request_is_resumed_on_its_worker_when_a_slot_frees() {
     envoy_dynamic_module_on_http_filter_destroy(f2);
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }
+
+#[test]
+fn a_stream_let_go_inside_its_own_request_hook_goes_on_from_it_and_leaves_the_ticker() {
+    let cfg = config(
+        r#"{"domain":"unit-reenter","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
+    );
+    let mut h = Box::new(FakeStream {
+        worker: 1,
+        ..FakeStream::default()
+    });
+    let mut b = Box::new(FakeStream::default());
+    let mut a = Box::new(FakeStream::default());
+    let (eh, eb, ea) = (h.ptr(), b.ptr(), a.ptr());
+    let fh = envoy_dynamic_module_on_http_filter_new(cfg, eh);
+    let fb = envoy_dynamic_module_on_http_filter_new(cfg, eb);
+    let fa = envoy_dynamic_module_on_http_filter_new(cfg, ea);
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(eh, fh, true),
+        abi::CONTINUE
+    );
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(eb, fb, true),
+        abi::STOP_ITERATION
+    );
+    // The holder ends on the other worker; worker 0 finds the slot on its next tick.
+    envoy_dynamic_module_on_http_filter_stream_complete(eh, fh);
+    envoy_dynamic_module_on_http_filter_destroy(fh);
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    // Envoy answers b at once when it is continued (router: no healthy upstream), and it completes.
+    crate::fake_envoy::ON_CONTINUE.with(|c| {
+        *c.borrow_mut() = Some(Box::new(move |f| {
+            if f == eb {
+                envoy_dynamic_module_on_http_filter_stream_complete(eb, fb);
+            }
+        }))
+    });
+    let a_id = unsafe { &*fa.cast::<crate::filter::Filter>() }.id();
+    let status = envoy_dynamic_module_on_http_filter_request_headers(ea, fa, true);
+    crate::fake_envoy::ON_CONTINUE.with(|c| *c.borrow_mut() = None);
+    // b's end left the slot to a, inside a's own hook: the hook goes on
+    // (no continue_decoding from within it), and a waits nowhere.
+    assert_eq!(status, abi::CONTINUE);
+    assert_eq!((a.continued, b.continued), (0, 1));
+    assert!(!crate::ticker::waiting_ids().contains(&a_id));
+    envoy_dynamic_module_on_http_filter_stream_complete(ea, fa);
+    envoy_dynamic_module_on_http_filter_destroy(fa);
+    envoy_dynamic_module_on_http_filter_destroy(fb);
+    assert!(!crate::ticker::waiting_ids().contains(&a_id));
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}

@@ -95,3 +95,12 @@ fn run() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[cfg(test)]
+pub fn waiting_ids() -> Vec<u32> {
+    ticker()
+        .wakers
+        .lock()
+        .map(|w| w.0.values().flatten().map(|(i, _)| *i).collect())
+        .unwrap_or_default()
+}

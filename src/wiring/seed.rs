@@ -1,7 +1,11 @@
 //! The table-hash seed every worker of an Envoy shares (per domain), so
 //! all of them place a key in the same slots: read from the store, or, if
-//! missing or corrupt, created from `fresh` random bytes and read back
-//! (whoever wrote last, everyone ends up on the stored one).
+//! missing or corrupt, created from `fresh` random bytes and read back.
+//! Two workers that both find it missing at the same moment could each
+//! read back their own write (the store has no "create if absent"): the
+//! wasm host configures each VM on its worker at start, so the window is
+//! the first configuration's; the native host creates it once, on the
+//! main thread.
 
 use crate::store::Store;
 use log::warn;

@@ -60,8 +60,15 @@ for (const [what, config] of [["bulkhead", BULKHEAD], ["shedder", SHEDDER]]) {
     a.end();
     assert.equal(b.continued, 0);
     assert.equal(c.continued, 1, "the next waiter goes on");
+    // c holds the one place: had a place been given back twice (counts
+    // stop at 0), x would pass.
+    const x = vm.request(root, tenant("t"));
+    assert.equal(x.action, "pause", "c holds the only place");
     c.respond(200);
     c.end();
+    assert.equal(x.continued, 1);
+    x.respond(200);
+    x.end();
     host.advance(100);
     // Exactly one place again: neither leaked (d would wait) nor given back twice (e would pass).
     const d = vm.request(root, tenant("t"));
