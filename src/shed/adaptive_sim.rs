@@ -14,6 +14,17 @@ use crate::rng::SplitMix;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+/// A worker starved of CPU: from each millisecond it runs, a stall of 1
+/// to `max_ms` ms starts with probability `per_mille` / 1000. A stalled
+/// worker admits nothing, its tick waits (one missed fires when it runs
+/// again), and the responses to its requests are taken in then (the
+/// upstream's slot is free at once).
+#[derive(Clone, Copy, Debug)]
+pub struct Starve {
+    pub per_mille: u64,
+    pub max_ms: u64,
+}
+
 /// Service times (µs).
 #[derive(Clone, Copy, Debug)]
 pub enum Dist {
@@ -49,6 +60,22 @@ pub struct Des {
     pub max_limit: u64,
     /// Responses so far.
     pub served: u64,
+    /// The capacity summed over time, for the part used when it changes.
+    cap_us: u128,
+    /// How long each request started since `reset_stats` waited in the
+    /// upstream's queue (µs).
+    pub waits: Vec<u64>,
+    /// The longest and the current run of milliseconds with the limit at
+    /// `min` while the upstream has more slots than that (not reset by
+    /// `reset_stats`).
+    pub longest_at_min_ms: u64,
+    at_min_ms: u64,
+    starve: Option<(Starve, SplitMix)>,
+    /// Per worker: stalled until (ms), a tick missed meanwhile, and the
+    /// (admission, worker) of responses waiting for it.
+    stalled_until: Vec<u64>,
+    missed: Vec<bool>,
+    deferred: Vec<(u64, usize)>,
 }
 
 impl Des {
@@ -75,6 +102,46 @@ impl Des {
             time_us: 0,
             max_limit: 0,
             served: 0,
+            cap_us: 0,
+            waits: Vec::new(),
+            longest_at_min_ms: 0,
+            at_min_ms: 0,
+            starve: None,
+            stalled_until: vec![0; ticks.len()],
+            missed: vec![false; ticks.len()],
+            deferred: Vec::new(),
+        }
+    }
+
+    /// Starves every worker of CPU from now on (see [`Starve`]).
+    pub fn starve(&mut self, starve: Starve, seed: u64) {
+        self.starve = Some((starve, SplitMix(seed ^ 0x5eed)));
+    }
+
+    fn stalled(&self, w: usize, now_ms: u64) -> bool {
+        self.stalled_until.get(w).is_some_and(|&u| now_ms < u)
+    }
+
+    /// Starts stalls, and lets workers whose stall ended take in their
+    /// responses.
+    fn stalls(&mut self, now_ms: u64) {
+        let Some((st, rng)) = self.starve.as_mut() else {
+            return;
+        };
+        for w in 0..self.ticks.len() {
+            if now_ms >= self.stalled_until[w] && rng.below(1000) < st.per_mille {
+                self.stalled_until[w] = now_ms + 1 + rng.below(st.max_ms);
+            }
+        }
+        let mut i = 0;
+        while i < self.deferred.len() {
+            let (admitted, w) = self.deferred[i];
+            if self.stalled(w, now_ms) {
+                i += 1;
+                continue;
+            }
+            self.deferred.swap_remove(i);
+            self.respond(self.now_us, admitted, w);
         }
     }
 
@@ -97,6 +164,7 @@ impl Des {
 
     fn start(&mut self, admitted: u64, w: usize) {
         self.busy += 1;
+        self.waits.push(self.now_us - admitted);
         let t = self.now_us + self.draw();
         self.done.push(Reverse((t, admitted, w)));
     }
@@ -111,10 +179,14 @@ impl Des {
             self.busy_us += u128::from(self.busy) * 1000;
             self.queued_us += self.queue.len() as u128 * 1000;
             self.time_us += 1000;
-            self.admit();
+            self.cap_us += u128::from(self.cap) * 1000;
             let now_ms = self.now_us / 1000;
+            self.stalls(now_ms);
+            self.admit();
             for w in 0..self.ticks.len() {
-                if now_ms % self.ticks[w] == 0 {
+                let due = now_ms % self.ticks[w] == 0 || self.missed[w];
+                self.missed[w] = due && self.stalled(w, now_ms);
+                if due && !self.missed[w] {
                     let s = Samples {
                         span_ms: now_ms - self.merged[w],
                         ..std::mem::take(&mut self.samples[w])
@@ -125,6 +197,13 @@ impl Des {
                 }
             }
             self.max_limit = self.max_limit.max(self.auto.limit());
+            let min = u64::from(self.spec.min);
+            if self.auto.limit() <= min && self.cap > min {
+                self.at_min_ms += 1;
+                self.longest_at_min_ms = self.longest_at_min_ms.max(self.at_min_ms);
+            } else {
+                self.at_min_ms = 0;
+            }
             if now_ms % 100 == 0 {
                 out.push(self.auto.limit());
             }
@@ -142,20 +221,30 @@ impl Des {
             self.now_us = t;
             self.busy -= 1;
             self.served += 1;
-            let s = &mut self.samples[w];
-            s.peak_inflight = s.peak_inflight.max(self.inflight + 1);
-            self.inflight -= 1;
-            if self
-                .auto
-                .measured_from_ms(&self.spec)
-                .is_some_and(|from| admitted / 1000 >= from)
-            {
-                s.add_measured(t - admitted);
+            if self.stalled(w, t / 1000) {
+                self.deferred.push((admitted, w));
+            } else {
+                self.respond(t, admitted, w);
             }
-            s.add(t - admitted);
             self.fill();
         }
         self.fill();
+    }
+
+    /// Worker `w` takes in the response, at `t`, to a request admitted at
+    /// `admitted`.
+    fn respond(&mut self, t: u64, admitted: u64, w: usize) {
+        let s = &mut self.samples[w];
+        s.peak_inflight = s.peak_inflight.max(self.inflight + 1);
+        self.inflight -= 1;
+        if self
+            .auto
+            .measured_from_ms(&self.spec)
+            .is_some_and(|from| admitted / 1000 >= from)
+        {
+            s.add_measured(t - admitted);
+        }
+        s.add(t - admitted);
     }
 
     /// Starts queued requests while slots are free.
@@ -173,6 +262,9 @@ impl Des {
         let n = self.ticks.len();
         for k in 0..n {
             let w = ((self.now_us / 1000) as usize + k) % n;
+            if self.stalled(w, self.now_us / 1000) {
+                continue;
+            }
             let s = &mut self.samples[w];
             s.peak_inflight = s.peak_inflight.max(self.inflight + 1);
             while self.inflight < self.limits[w] {
@@ -197,6 +289,22 @@ impl Des {
         self.queued_us = 0;
         self.time_us = 0;
         self.max_limit = 0;
+        self.cap_us = 0;
+        self.waits.clear();
+    }
+
+    /// The part of the capacity in use, with the capacity as it was over
+    /// time.
+    pub fn used_over_time(&self) -> f64 {
+        self.busy_us as f64 / self.cap_us.max(1) as f64
+    }
+
+    /// The `pct`th percentile of the waits in the upstream's queue (ms).
+    pub fn wait_pct_ms(&self, pct: usize) -> f64 {
+        let mut w = self.waits.clone();
+        w.sort_unstable();
+        let i = (w.len() * pct / 100).min(w.len().saturating_sub(1));
+        w.get(i).copied().unwrap_or(0) as f64 / 1000.0
     }
 
     /// The part of the capacity in use.
@@ -420,3 +528,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod matrix;

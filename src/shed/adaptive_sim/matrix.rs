@@ -1,0 +1,175 @@
+//! The scenario matrix of issue 38 in the simulation: kinds of upstream
+//! (steady, changing capacity, noisy from the start or from mid-run, slow,
+//! bimodal), each also with its workers starved of CPU, run from a fresh
+//! entry at the default settings (`min` 2). For each cell: the longest
+//! stretch the limit sits at `min` while the upstream has more slots than
+//! that (demand always exceeds the limit here, and with the limit under
+//! the capacity nothing queues at the upstream: its latency is its own),
+//! the part of its capacity used, and the 99th percentile of the wait in
+//! its queue (what the limit adds to a response's latency).
+
+use super::{median, AdaptiveSpec, Des, Dist, Starve};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// The defaults of `concurrency.max: "auto"` with `max` 200.
+fn spec() -> AdaptiveSpec {
+    AdaptiveSpec {
+        min: 2,
+        max: 200,
+        initial: 10,
+        tolerance_pct: 125,
+        interval_ms: 100,
+        floor_window_ms: 30_000,
+    }
+}
+
+const MS: u64 = 1000;
+/// 20 ms.
+const STEADY: Dist = Dist::Uniform(20 * MS, 0);
+
+/// A phase: how long (ms), the upstream's slots, its service time.
+type Phase = (u64, u64, Dist);
+
+/// The cells' upstreams, by name.
+fn upstreams() -> Vec<(&'static str, Vec<Phase>)> {
+    vec![
+        ("steady 12 x 20 ms", vec![(60_000, 12, STEADY)]),
+        (
+            "capacity 4 -> 12 -> 2",
+            vec![
+                (20_000, 4, STEADY),
+                (20_000, 12, STEADY),
+                (20_000, 2, STEADY),
+            ],
+        ),
+        (
+            "noisy 6 x 10-50 ms",
+            vec![(60_000, 6, Dist::Uniform(30 * MS, 20 * MS))],
+        ),
+        (
+            "12 x 20 ms, then 20-45 ms",
+            vec![
+                (20_000, 12, STEADY),
+                (60_000, 12, Dist::Uniform(32_500, 12_500)),
+            ],
+        ),
+        (
+            "slow 8 x 100 ms",
+            vec![(60_000, 8, Dist::Uniform(100 * MS, 0))],
+        ),
+        (
+            "bimodal 12 x 10/100 ms",
+            vec![(60_000, 12, Dist::Bimodal(10 * MS, 100 * MS, 90))],
+        ),
+    ]
+}
+
+/// Other processes take about half of each worker's CPU, in stalls of up
+/// to 50 ms.
+const STARVED: Starve = Starve {
+    per_mille: 40,
+    max_ms: 50,
+};
+
+/// What one cell measured.
+pub struct Row {
+    pub name: String,
+    /// The longest stretch at `min` with idle slots (ms).
+    pub at_min_ms: u64,
+    /// The part of the capacity used, over the run and by phase.
+    pub used: f64,
+    pub used_by_phase: Vec<f64>,
+    /// The median limit by phase.
+    pub limit_by_phase: Vec<u64>,
+    /// The 99th percentile of the wait in the upstream's queue (ms).
+    pub p99_wait_ms: f64,
+}
+
+/// Runs one cell: two workers (ticks of 1 and 100 ms, as in Envoy while
+/// the limit is in full use or not).
+pub fn run_cell(spec: AdaptiveSpec, name: &str, phases: &[Phase], starve: bool, seed: u64) -> Row {
+    let first = phases.first().map_or(1, |p| p.1);
+    let mut d = Des::new(spec, first, STEADY, &[1, 100], seed);
+    if starve {
+        d.starve(STARVED, seed);
+    }
+    let (mut busy, mut cap, mut waits) = (0.0, 0.0, Vec::new());
+    let (mut used_by_phase, mut limit_by_phase) = (Vec::new(), Vec::new());
+    for &(ms, slots, dist) in phases {
+        d.set_capacity(slots);
+        d.dist = dist;
+        d.reset_stats();
+        let limits = d.run(ms);
+        used_by_phase.push(d.used_over_time());
+        limit_by_phase.push(median(&limits));
+        busy += d.used_over_time() * (ms * slots) as f64;
+        cap += (ms * slots) as f64;
+        waits.append(&mut d.waits);
+    }
+    d.waits = waits;
+    Row {
+        name: format!("{name}{}", if starve { ", starved" } else { "" }),
+        at_min_ms: d.longest_at_min_ms,
+        used: busy / cap,
+        used_by_phase,
+        limit_by_phase,
+        p99_wait_ms: d.wait_pct_ms(99),
+    }
+}
+
+/// Every cell of the matrix, by seed.
+pub fn matrix(spec: AdaptiveSpec, seed: u64) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for starve in [false, true] {
+        for (name, phases) in upstreams() {
+            rows.push(run_cell(spec, name, &phases, starve, seed));
+        }
+    }
+    rows
+}
+
+pub fn print(rows: &[Row]) {
+    println!(
+        "{:<40} {:>10} {:>6} {:>9}  {:<18} median limit by phase",
+        "cell", "at min ms", "used", "p99 wait", "used by phase"
+    );
+    for r in rows {
+        let phases: Vec<String> = r.used_by_phase.iter().map(|u| format!("{u:.2}")).collect();
+        println!(
+            "{:<40} {:>10} {:>6.2} {:>9.1}  {:<18} {:?}",
+            r.name,
+            r.at_min_ms,
+            r.used,
+            r.p99_wait_ms,
+            phases.join(" "),
+            r.limit_by_phase
+        );
+    }
+}
+
+/// The least part of the capacity each cell uses over seeds 1 to 6,
+/// rounded down to 5 points, in the order of [`matrix`]'s rows.
+const USED_AT_LEAST: [f64; 12] = [
+    0.85, 0.85, 0.85, 0.90, 0.85, 0.30, // not starved
+    0.25, 0.40, 0.80, 0.55, 0.90, 0.55, // starved
+];
+
+#[test]
+fn matrix_prints_its_table_and_holds_todays_bounds_only() {
+    // `cargo test matrix_prints -- --nocapture` prints the table. It
+    // asserts only what the floor's rules in force meet: no cell uses
+    // less of its capacity than they do, and no stretch at `min` with idle
+    // slots outlasts the floor's window (the documented bound; issue 38
+    // asks for one second, which they miss in 8 of 12 cells).
+    for seed in 1..=6 {
+        let rows = matrix(spec(), seed);
+        println!("seed {seed}");
+        print(&rows);
+        for (r, least) in rows.iter().zip(USED_AT_LEAST) {
+            let what = format!("seed {seed}, {}", r.name);
+            assert!(r.used >= least, "{what}: used {:.2}", r.used);
+            assert!(r.at_min_ms <= spec().floor_window_ms, "{what}");
+        }
+    }
+}
