@@ -87,10 +87,41 @@ run-container: build $(ENVOY) container-deps
 	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
 	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
 
-test: lint test-core test-wasm32 test-rls test-host test-native test-e2e
+test: lint test-core test-fuzz test-wasm32 test-rls test-host test-native test-e2e
 
 test-core:
 	cargo test --features schema
+
+# The fuzz targets' stable pass (fuzz/README.md): each target over its
+# committed seeds and 2000 deterministic mutations of them (FUZZ_MUTATIONS),
+# no nightly, no cargo-fuzz. In the filter's target/, so that only sluice
+# and the targets compile after test-core: about half a minute.
+.PHONY: test-fuzz fuzz
+test-fuzz:
+	cd fuzz && cargo fmt --check
+	cd fuzz && cargo clippy --locked --all-targets --target-dir ../target -- -D warnings
+	cd fuzz && cargo test --locked --target-dir ../target
+
+# Coverage-guided fuzzing (fuzz/README.md): each target under cargo-fuzz
+# (libFuzzer, AddressSanitizer, debug assertions, nightly) for
+# FUZZ_SECONDS, from its seeds (fuzz/seeds/NAME) and what earlier runs
+# kept (fuzz/corpus/NAME); a failing input is written to
+# fuzz/artifacts/NAME. One target, longer:
+# make fuzz FUZZ_TARGETS=config FUZZ_SECONDS=1800
+CARGO_FUZZ_VERSION := 0.13.2
+CARGO_FUZZ := .tools/cargo-fuzz-$(CARGO_FUZZ_VERSION)/bin/cargo-fuzz
+FUZZ_SECONDS ?= 180
+FUZZ_TARGETS ?= config headers records store rls
+$(CARGO_FUZZ):
+	rustup toolchain install nightly --profile minimal
+	cargo install cargo-fuzz --locked --version $(CARGO_FUZZ_VERSION) --root .tools/cargo-fuzz-$(CARGO_FUZZ_VERSION)
+
+fuzz: $(CARGO_FUZZ)
+	set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  RUSTUP_TOOLCHAIN=nightly $(CARGO_FUZZ) run -O -a $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
+	done
 
 test-wasm32: deps
 	WASI_SHARDS=2 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \

@@ -51,7 +51,9 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
         let digits = u32::try_from(fraction.len()).unwrap_or(u32::MAX);
         let denominator = 10u128.checked_pow(digits).ok_or_else(too_long)?;
         let numerator: u128 = fraction.parse().map_err(|_| too_long())?;
-        let scaled = numerator * u128::from(scale);
+        let scaled = numerator
+            .checked_mul(u128::from(scale))
+            .ok_or_else(too_long)?;
         if scaled % denominator != 0 {
             return Err(format!("`{text}` is finer than a nanosecond"));
         }
@@ -120,5 +122,20 @@ mod tests {
             assert!(err.contains('`'), "{bad}: {err}");
         }
         assert!(parse_duration("99999999999h").is_err());
+    }
+
+    /// A fraction of 38 digits times the unit's nanoseconds does not fit
+    /// in a u128: refused, not an overflow (an input of the `config` fuzz
+    /// target, `fuzz/seeds/config/duration-overflow.json`).
+    #[test]
+    fn a_fraction_too_long_to_scale_is_refused_as_too_long() {
+        for long in [
+            "0.99999999999999999999999999999999999999h",
+            "0.10000000000000000000000000000000000000h",
+            "1.99999999999999999999999999999999999999ms",
+        ] {
+            let e = parse_duration(long).expect_err(long);
+            assert!(e.contains("is too long"), "{long}: {e}");
+        }
     }
 }

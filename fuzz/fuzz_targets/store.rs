@@ -1,0 +1,15 @@
+//! cargo-fuzz target `store`: see `sluice_fuzz::store`. Built without
+//! cargo-fuzz (stable), a replayer: `cargo run --bin store -- FILE...`.
+#![cfg_attr(fuzzing, no_main)]
+
+#[cfg(fuzzing)]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_fuzz::store::store(data));
+
+#[cfg(not(fuzzing))]
+fn main() {
+    for path in std::env::args().skip(1) {
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        sluice_fuzz::store::store(&data);
+        println!("{path}: ok");
+    }
+}
