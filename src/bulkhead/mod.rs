@@ -185,11 +185,13 @@ impl Bulkheads {
     /// caller forgets it); a failed decrement is kept and retried. Returns
     /// the store failures met (1 if the decrement failed).
     pub fn release(&mut self, store: &dyn Store, b: usize, slot: u32) -> u32 {
-        if self.decrement(store, b, slot).is_err() {
-            self.retry.push((b, slot));
-            return 1;
+        match self.decrement(store, b, slot) {
+            Ok(corrupt) => u32::from(corrupt),
+            Err(_) => {
+                self.retry.push((b, slot));
+                1
+            }
         }
-        0
     }
 
     /// Retries failed decrements (on every tick).
@@ -201,12 +203,14 @@ impl Bulkheads {
         }
     }
 
-    fn decrement(&self, store: &dyn Store, b: usize, slot: u32) -> Result<(), StoreError> {
+    /// Takes one from a slot's count; `Ok(true)`: its record was corrupt
+    /// (read as 0, so it is rewritten as 0).
+    fn decrement(&self, store: &dyn Store, b: usize, slot: u32) -> Result<bool, StoreError> {
         update(store, &self.slot_key(b, slot), self.max_retries, |found| {
-            let n = found
-                .map_or(Ok(0), |e| codec::decode(&e.bytes))
-                .unwrap_or(0);
-            Update::Write(codec::encode(n.saturating_sub(1)), ())
+            let read = found.map_or(Ok(0), |e| codec::decode(&e.bytes));
+            let corrupt = read.is_err();
+            let n = read.unwrap_or(0);
+            Update::Write(codec::encode(n.saturating_sub(1)), corrupt)
         })
     }
 

@@ -106,6 +106,25 @@ fn a_failed_release_is_retried_so_the_limit_never_shrinks() {
 }
 
 #[test]
+fn a_release_that_finds_its_slot_corrupt_rewrites_it_and_counts_it() {
+    let mut b = limits(PER_TENANT);
+    let store = MemoryStore::default();
+    b.create(&store).expect("created");
+    let Admission::Holds { slot } = b.admit(&store, 0, &tenant("a")).0 else {
+        panic!("admitted")
+    };
+    let key = b.slot_key(0, slot);
+    store.raw_set(&key, b"garbage");
+    assert_eq!(b.release(&store, 0, slot), 1, "counted as a store failure");
+    assert_eq!(b.in_flight(&store, 0, slot), 0, "rewritten, readable");
+    assert_eq!(
+        b.release(&store, 0, slot),
+        0,
+        "a readable slot is not counted"
+    );
+}
+
+#[test]
 fn missing_keys_skip_the_limit_and_a_store_failure_fails_open() {
     let b = limits(PER_TENANT);
     let store = MemoryStore::default();
