@@ -129,10 +129,13 @@ pub unsafe fn envoy_dynamic_module_callback_http_filter_get_worker_index(f: Filt
     unsafe { stream(f) }.worker
 }
 
+/// What a test has Envoy do at once when a stream is continued.
+type OnContinue = Option<Box<dyn FnMut(FilterPtr)>>;
+
 thread_local! {
-    /// What Envoy does synchronously when a stream is continued (review repro).
-    pub static ON_CONTINUE: std::cell::RefCell<Option<Box<dyn FnMut(FilterPtr)>>> =
-        std::cell::RefCell::new(None);
+    /// What Envoy does synchronously when a stream is continued (a
+    /// resumed stream answered and completed at once, say).
+    pub static ON_CONTINUE: std::cell::RefCell<OnContinue> = const { std::cell::RefCell::new(None) };
 }
 
 pub unsafe fn envoy_dynamic_module_callback_http_filter_continue_decoding(f: FilterPtr) {

@@ -96,6 +96,7 @@ fn run() {
     }
 }
 
+/// The streams in the ticker's lists (tests).
 #[cfg(test)]
 pub fn waiting_ids() -> Vec<u32> {
     ticker()
