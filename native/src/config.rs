@@ -157,8 +157,6 @@ impl Drop for FilterConfig {
 /// the wasm build keeps it in shared data: `wiring::shared_seed` over the
 /// process store.
 fn shared_seed(store: &dyn Store, domain: &str) -> Option<(u64, u64)> {
-    let mut fresh = random_u64().to_le_bytes().to_vec();
-    fresh.extend_from_slice(&random_u64().to_le_bytes());
-    let fresh: [u8; 16] = fresh.try_into().ok()?;
+    let fresh = (u128::from(random_u64()) << 64 | u128::from(random_u64())).to_le_bytes();
     adapter::shared_seed(store, domain, fresh)
 }
