@@ -11,12 +11,20 @@ use crate::pipeline::telemetry::{Kind, MetricId, Registry, Sink};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 std::thread_local! {
     /// Changes not yet handed to Envoy, by Envoy metric id (ids are per
     /// VM, so this is too). Entries stay, at zero, once flushed: at most
     /// one per metric this VM defined.
     static PENDING: RefCell<Vec<(u32, i64)>> = const { RefCell::new(Vec::new()) };
+    /// Envoy's id of every metric this VM defined, by kind and name. Envoy
+    /// gives each `define_metric` call a new id and keeps it for the VM's
+    /// life, so a configuration replaced (ECDS, every few seconds in some
+    /// meshes) that defined its metrics again would grow Envoy's table and
+    /// `PENDING` by one entry per metric each time; found here, they are
+    /// defined once per name.
+    static DEFINED: RefCell<BTreeMap<(u8, String), u32>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// Adds `by` to a counter or gauge, handed to Envoy at the next `flush`.
@@ -53,19 +61,32 @@ fn add_count(id: u32, n: u64) {
 }
 
 /// Defines (or finds) every metric of a registry in this VM; Envoy's ids,
-/// indexed by the core's.
+/// indexed by the core's. A name this VM defined before keeps its id.
 pub fn define(reg: &Registry) -> Vec<u32> {
     reg.defs
         .iter()
-        .map(|d| {
-            let kind = match d.kind {
-                Kind::Counter => MetricType::Counter,
-                Kind::Gauge => MetricType::Gauge,
-                Kind::Histogram => MetricType::Histogram,
-            };
-            hostcalls::define_metric(kind, &d.name).unwrap_or(0)
-        })
+        .map(|d| define_one(d.kind, &d.name))
         .collect()
+}
+
+fn define_one(kind: Kind, name: &str) -> u32 {
+    let (tag, host_kind) = match kind {
+        Kind::Counter => (0, MetricType::Counter),
+        Kind::Gauge => (1, MetricType::Gauge),
+        Kind::Histogram => (2, MetricType::Histogram),
+    };
+    let key = (tag, name.to_string());
+    let known = DEFINED.with(|d| d.try_borrow().ok().and_then(|d| d.get(&key).copied()));
+    if let Some(id) = known {
+        return id;
+    }
+    match hostcalls::define_metric(host_kind, name) {
+        Ok(id) => {
+            DEFINED.with(|d| d.try_borrow_mut().map(|mut d| d.insert(key, id)).ok());
+            id
+        }
+        Err(_) => 0,
+    }
 }
 
 /// The core's metric changes, to Envoy.
@@ -110,7 +131,7 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     pub fn define() -> Self {
-        let counter = |name| hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0);
+        let counter = |name| define_one(Kind::Counter, name);
         StoreMetrics {
             reads_skipped: counter("sluice_store_reads_skipped_total"),
             stale_reads: counter("sluice_store_stale_reads_total"),

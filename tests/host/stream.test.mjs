@@ -168,6 +168,38 @@ test("a replaced configuration: streams in flight finish under the old one, new 
   assert.deepEqual(vm.logs.filter((l) => l.level === "error" || l.level === "critical"), []);
 });
 
+test("a configuration replaced again and again, with traffic, defines no metric twice and keeps memory flat", () => {
+  // Every mechanism, as an ECDS update every few seconds would deliver it.
+  const config = {
+    ...BULKHEAD,
+    rate_limits: [{ name: "per-user", key: [{ header: "x-user" }], bucket: { rate: 2, period: "1s", burst: 3 }, max_keys: 50 }],
+    circuit_breakers: [{ name: "deps", key: { header: "x-dep" } }],
+    retry_budgets: [{ name: "retries" }],
+    shedders: [{ name: "api", concurrency: { max: 8 } }],
+  };
+  const host = new Host(module);
+  const vm = host.vm();
+  let root = vm.configure(config);
+  let defined = 0, memory = 0;
+  for (let i = 0; i < 300; i++) {
+    const next = vm.configure(config);
+    assert.ok(next.ok);
+    for (let k = 0; k < 5; k++) {
+      const s = vm.request(next, get({ "x-user": `u${i * 5 + k}`, "x-tenant": `t${k}`, "x-dep": "a" }));
+      s.respond(200);
+      s.end();
+    }
+    host.advance(100);
+    vm.remove(root);
+    root = next;
+    if (i === 10) [defined, memory] = [vm.metricNames.size, vm.exports.memory.buffer.byteLength];
+  }
+  // Envoy gives every define_metric call a new id and keeps it for the VM's life.
+  assert.equal(vm.metricNames.size, defined, "metric ids defined after the first configurations");
+  assert.equal(vm.exports.memory.buffer.byteLength, memory, "the module's memory grew");
+  assert.deepEqual(vm.logs.filter((l) => l.level === "error" || l.level === "critical"), []);
+});
+
 // Places freed on another worker: a bulkhead's waiter finds them on its 1 ms poll,
 // a shedder's is woken through a shared queue at once.
 for (const [what, config, after] of [["bulkhead", BULKHEAD, 1], ["shedder", SHEDDER, 0]]) {
