@@ -9,9 +9,10 @@
 // the core's tests never reach the host adapter.
 //
 // With WASI_SHARDS=N (N > 1) and no test named on the command line, the
-// tests are listed, dealt round-robin to N runs of this runner in
-// parallel (a wasm32 test binary runs its tests on one thread), each
-// run's output printed when it ends; the status is non-zero if any run's is.
+// tests are listed, cut into groups in their order, and the groups run by
+// N runs of this runner at a time (a wasm32 test binary runs its tests on
+// one thread), each group's output printed when it ends; the status is
+// non-zero if any group's is.
 import { spawn } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import { argv, env, execPath, exit, stdout } from "node:process";
@@ -19,6 +20,8 @@ import { WASI } from "node:wasi";
 
 const [file, ...args] = argv.slice(2);
 const shards = Number(env.WASI_SHARDS ?? 1);
+// Groups per parallel run, when sharded.
+const PER_RUN = 8;
 if (shards > 1 && args.every((a) => a.startsWith("-"))) {
   exit(await sharded(shards));
 }
@@ -40,13 +43,21 @@ async function sharded(n) {
     return listed;
   }
   const names = list.split("\n").filter((l) => l.endsWith(": test")).map((l) => l.slice(0, -": test".length));
-  const groups = Array.from({ length: n }, (_, i) => names.filter((_, k) => k % n === i));
-  const runs = groups.filter((g) => g.length > 0).map((g) => run([...args, "--exact", ...g]));
+  // Small groups taken from a queue by N runs at a time: a group of slow
+  // tests then delays only the run that took it (starting a run costs
+  // about half a second).
+  const size = Math.max(1, Math.ceil(names.length / (n * PER_RUN)));
+  const groups = [];
+  for (let k = 0; k < names.length; k += size) groups.push(names.slice(k, k + size));
   let status = 0;
-  for (const [code, out] of await Promise.all(runs)) {
-    stdout.write(out);
-    status ||= code;
-  }
+  const worker = async () => {
+    for (let g = groups.shift(); g; g = groups.shift()) {
+      const [code, out] = await run([...args, "--exact", ...g]);
+      stdout.write(out);
+      status ||= code;
+    }
+  };
+  await Promise.all(Array.from({ length: n }, worker));
   return status;
 }
 
