@@ -51,7 +51,7 @@ NATIVE_DEBUG := target/debug/libsluice_native.so
 test-native: $(ENVOY)
 	cd native && CARGO_TARGET_DIR=../target cargo build
 	cd native && CARGO_TARGET_DIR=../target cargo test
-	SLUICE_NATIVE=$(NATIVE_DEBUG) $(PY) -m pytest tests/e2e/test_native.py -v
+	SLUICE_NATIVE=$(CURDIR)/$(NATIVE_DEBUG) $(PY) -m pytest tests/e2e/test_native.py tests/tooling/test_run.py -m native -v
 
 # The demo (envoy/envoy.yaml in front of envoy/upstream.yaml) on these ports:
 # e.g. make run PORT=20000 ADMIN_PORT=20001 UPSTREAM_PORT=20002
@@ -61,8 +61,10 @@ UPSTREAM_PORT       ?= 10001
 UPSTREAM_ADMIN_PORT ?= 9902
 DEMO_PORTS = PORT=$(PORT) ADMIN_PORT=$(ADMIN_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) UPSTREAM_ADMIN_PORT=$(UPSTREAM_ADMIN_PORT)
 
-run: build $(ENVOY)
-	ENVOY=$(ENVOY) $(DEMO_PORTS) scripts/run.sh
+# HOST=native: the same demo on the native build (native/README.md).
+HOST ?= wasm
+run: $(if $(filter native,$(HOST)),build-native,build) $(ENVOY)
+	ENVOY=$(ENVOY) HOST=$(HOST) $(DEMO_PORTS) scripts/run.sh
 
 # Two sluice Envoys sharing one global limit (scripts/run_fleet.py): Debian's
 # redis-server and the reference rate-limit service (rls/, --store redis) on

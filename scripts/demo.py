@@ -10,9 +10,12 @@ two cannot drift apart silently.
 
     scripts/demo.py render --out DIR [--port 10000] [--admin-port 9901]
                            [--upstream-port 10001] [--upstream-admin-port 9902]
+                           [--host wasm|native] [--native FILE]
         checks that the four ports are free on 127.0.0.1 (exit 2 naming the
         port and its make variable if not), then writes DIR/envoy.yaml and
-        DIR/upstream.yaml.
+        DIR/upstream.yaml; with --host native the front Envoy loads the
+        native build (FILE, default native/target/release/) instead of the
+        wasm one, with the same plugin configuration.
     scripts/demo.py probe --port 10000
         exit 0 if Envoy answers GET / on 127.0.0.1:PORT with the upstream's
         200 (through sluice), 1 otherwise.
@@ -48,6 +51,14 @@ FILES = {
     "upstream.yaml": ["UPSTREAM_PORT", "UPSTREAM_ADMIN_PORT"],
 }
 PORT_VALUE = re.compile(r"(port_value:\s*)(\d+)")
+# The native build (native/, `make build-native`), for `--host native`.
+NATIVE = ROOT / "native/target/release/libsluice_native.so"
+# envoy.yaml's wasm filter up to its plugin configuration's text.
+WASM_FILTER = re.compile(
+    r'^(?P<i> +)"@type": type\.googleapis\.com/envoy\.extensions\.filters\.http\.wasm\.v3\.Wasm\n'
+    r'.*?^(?P=i)  configuration:\n'
+    r'(?P=i)    "@type": type\.googleapis\.com/google\.protobuf\.StringValue\n'
+    r'(?P=i)    value: \|\n', re.M | re.S)
 
 
 class PortInUse(Exception):
@@ -74,12 +85,40 @@ def render_text(name, text, ports):
     return out
 
 
-def render(out, ports):
-    """Writes out/envoy.yaml and out/upstream.yaml with `ports`."""
+def native_text(text, lib):
+    """envoy.yaml's text with the same plugin configuration in the native
+    build (native/README.md) instead of the wasm one, and the runtime flag
+    that gives its metrics the wasm build's names."""
+    def sub(m):
+        i = m.group("i")
+        return "".join(f"{i}{line}\n" for line in [
+            '"@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter',
+            "dynamic_module_config:",
+            f"  module: {{local: {{filename: {lib}}}}}",
+            "  do_not_close: true",
+            "filter_name: sluice",
+            "filter_config:",
+            '  "@type": type.googleapis.com/google.protobuf.StringValue',
+            "  value: |"])
+
+    out, n = WASM_FILTER.subn(sub, text)
+    if n != 1 or "\nstatic_resources:\n" not in out:
+        raise SystemExit("envoy/envoy.yaml: no wasm filter or static_resources where expected: update scripts/demo.py")
+    runtime = ("layered_runtime:\n  layers:\n  - name: static\n    static_layer:\n"
+               "      envoy.reloadable_features.dynamic_modules_strip_custom_stat_prefix: true\n")
+    return out.replace("\nstatic_resources:\n", "\n" + runtime + "static_resources:\n", 1)
+
+
+def render(out, ports, host="wasm", lib=NATIVE):
+    """Writes out/envoy.yaml and out/upstream.yaml with `ports`; with host
+    "native", the front Envoy loads the native build `lib`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
-        (out / name).write_text(render_text(name, (ENVOY_DIR / name).read_text(), ports))
+        text = render_text(name, (ENVOY_DIR / name).read_text(), ports)
+        if name == "envoy.yaml" and host == "native":
+            text = native_text(text, Path(lib).resolve())
+        (out / name).write_text(text)
     return out
 
 
@@ -168,6 +207,9 @@ def main(argv=None):
     r = sub.add_parser("render")
     r.add_argument("--out", required=True, type=Path)
     r.add_argument("--command", default="make run", help="the command to suggest in messages")
+    r.add_argument("--host", choices=["wasm", "native"], default="wasm",
+                   help="the build of sluice the front Envoy loads")
+    r.add_argument("--native", type=Path, default=NATIVE, help="the native build's file, for --host native")
     port_args(r)
     p = sub.add_parser("probe")
     p.add_argument("--port", type=int, required=True)
@@ -183,7 +225,10 @@ def main(argv=None):
     except PortInUse as e:
         print(f"{a.command}: {e}", file=sys.stderr)
         return 2
-    render(a.out, ports)
+    if a.host == "native" and not a.native.exists():
+        print(f"{a.command}: {a.native} is missing: make build-native", file=sys.stderr)
+        return 1
+    render(a.out, ports, a.host, a.native)
     return 0
 
 

@@ -4,6 +4,7 @@
 # foreground; Ctrl-C stops both.
 #
 #   PORT=10000 ADMIN_PORT=9901 UPSTREAM_PORT=10001 UPSTREAM_ADMIN_PORT=9902 scripts/run.sh
+#   HOST=native scripts/run.sh     # the native build (SLUICE_NATIVE: its file)
 #
 # Fails at once if a port is taken; says "running" only once the front
 # Envoy answers through its own listener; if an Envoy exits, prints its last
@@ -16,6 +17,8 @@ ADMIN_PORT=${ADMIN_PORT:-9901}
 UPSTREAM_PORT=${UPSTREAM_PORT:-10001}
 UPSTREAM_ADMIN_PORT=${UPSTREAM_ADMIN_PORT:-9902}
 READY_S=${READY_S:-30}   # the most to wait for the front Envoy to answer
+HOST=${HOST:-wasm}       # or native: the dynamic module (make build-native)
+NATIVE=${SLUICE_NATIVE:-native/target/release/libsluice_native.so}
 
 up='' front=''
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/sluice-run.XXXXXX")
@@ -31,7 +34,8 @@ trap cleanup EXIT
 trap 'cleanup; echo; echo "stopped"; exit 0' INT TERM
 
 python3 scripts/demo.py render --out "$tmp" --port "$PORT" --admin-port "$ADMIN_PORT" \
-  --upstream-port "$UPSTREAM_PORT" --upstream-admin-port "$UPSTREAM_ADMIN_PORT" || exit 1
+  --upstream-port "$UPSTREAM_PORT" --upstream-admin-port "$UPSTREAM_ADMIN_PORT" \
+  --host "$HOST" --native "$NATIVE" || exit 1
 
 # A process that has exited but is not yet reaped still answers kill -0.
 alive() { [ -e "/proc/$1" ] && awk '$3 == "Z" {exit 1}' "/proc/$1/stat" 2>/dev/null && kill -0 "$1" 2>/dev/null; }
@@ -54,7 +58,8 @@ fail() {  # message; then the last lines of each Envoy's log
 "$ENVOY" -c "$tmp/upstream.yaml" --base-id "$UPSTREAM_PORT" --concurrency 1 -l warn \
   > >(tee "$tmp/upstream.log") 2>&1 &
 up=$!
-"$ENVOY" -c "$tmp/envoy.yaml" --base-id "$PORT" --concurrency 2 -l info --component-log-level wasm:info \
+"$ENVOY" -c "$tmp/envoy.yaml" --base-id "$PORT" --concurrency 2 -l info \
+  --component-log-level wasm:info,dynamic_modules:info \
   > >(tee "$tmp/front.log") 2>&1 &
 front=$!
 
@@ -73,7 +78,7 @@ done
 
 cat <<MSG
 
-sluice is running in Envoy on http://127.0.0.1:$PORT (admin: http://127.0.0.1:$ADMIN_PORT)
+sluice is running in Envoy ($HOST build) on http://127.0.0.1:$PORT (admin: http://127.0.0.1:$ADMIN_PORT)
 Each client address may send 10 requests at once, refilled at 1 per second.
 Configuration: envoy/envoy.yaml and envoy/upstream.yaml with these ports, in $tmp
 

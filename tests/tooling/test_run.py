@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import (ENVOY, ENVOY_READY_S, ROOT, assert_demo_limit, free_port, port_free, upstream_bootstrap, wait_ready,
+from harness import (ENVOY, ENVOY_READY_S, NATIVE, ROOT, assert_demo_limit, free_port, port_free, upstream_bootstrap, wait_ready,
                      wait_until)
 
 RUN = ROOT / "scripts/run.sh"
@@ -34,11 +34,12 @@ class RunSh:
     everything it started can be found, and killed if the test fails), its
     output collected line by line."""
 
-    def __init__(self, chosen, tmpdir):
-        """`tmpdir`: run.sh's TMPDIR, to check that it leaves nothing there."""
+    def __init__(self, chosen, tmpdir, **env):
+        """`tmpdir`: run.sh's TMPDIR, to check that it leaves nothing there;
+        `env`: more environment (HOST=native, say)."""
         self.tmpdir = Path(tmpdir)
         self.tmpdir.mkdir(exist_ok=True)
-        self.env = dict(os.environ, ENVOY=ENVOY, TMPDIR=str(tmpdir), **{k: str(v) for k, v in chosen.items()})
+        self.env = dict(os.environ, ENVOY=ENVOY, TMPDIR=str(tmpdir), **{k: str(v) for k, v in chosen.items()}, **env)
         self.lines = queue.Queue()
         self.out = []
 
@@ -155,6 +156,22 @@ def test_run_serves_limits_and_stops_on_ctrl_c(tmp_path):
         for var, port in chosen.items():
             assert port_free(port), f"{var} {port} still bound"
         assert run.left_behind() == [], "the rendered configuration was not removed"
+
+
+@pytest.mark.native
+def test_run_with_host_native_serves_the_same_demo_on_the_native_build(tmp_path):
+    """`make run HOST=native` (run by `make test-native`): the same rule and
+    metric series from the dynamic module."""
+    chosen = ports()
+    with RunSh(chosen, tmp_path / "tmp", HOST="native", SLUICE_NATIVE=str(NATIVE)) as run:
+        line = run.wait_for(r"sluice is running", timeout=60)
+        assert "(native build)" in line, line
+        tmp = re.search(r"in (/\S+sluice-run\.\w+)", run.wait_for(r"^Configuration:", timeout=5)).group(1)
+        assert "DynamicModuleFilter" in Path(tmp, "envoy.yaml").read_text()
+        assert_demo_limit(chosen["PORT"], chosen["ADMIN_PORT"])
+        run.proc.send_signal(signal.SIGINT)
+        assert run.finish(timeout=20) == 0, run.output()[-3000:]
+        wait_until(lambda: group_members(run.pgid) == [], 5, "no processes left behind", interval=0.05)
 
 
 @pytest.mark.parametrize("var", ["PORT", "ADMIN_PORT", "UPSTREAM_PORT"])
