@@ -127,6 +127,12 @@ pub fn encode_shared(v: &Shared) -> Vec<u8> {
 pub fn decode_shared(bytes: &[u8]) -> Option<Shared> {
     let mut r = Reader(bytes);
     let (inflight, waiting, admitted) = (r.u64().ok()?, r.u64().ok()?, r.u64().ok()?);
+    // Counts of requests, never near 2^32 (`max` is at most 1,000,000,
+    // a queue per worker at most 100,000): more is not ours, and kept it
+    // would overflow the next count up.
+    if inflight > u64::from(u32::MAX) || waiting > u64::from(u32::MAX) {
+        return None;
+    }
     let last = [r.u64().ok()?, r.u64().ok()?, r.u64().ok()?];
     if r.0.len() % CLAIM_LEN != 0 || r.0.len() / CLAIM_LEN > MAX_CLAIMS {
         return None;

@@ -187,7 +187,7 @@ impl Change {
                     granted,
                 )
             }
-            Op::Enqueue => done(self.write(old, inflight, waiting + 1, head)),
+            Op::Enqueue => done(self.write(old, inflight, waiting.saturating_add(1), head)),
             Op::Admit => self.admit(old),
             Op::Leave => done(self.write(old, inflight, waiting.saturating_sub(1), head)),
             Op::Release => done(self.write(old, inflight.saturating_sub(1), waiting, head)),

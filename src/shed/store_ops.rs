@@ -319,12 +319,12 @@ impl Shedders {
         let Some(l) = self.local_mut(s) else {
             return;
         };
-        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen + 1);
+        l.samples.peak_inflight = l.samples.peak_inflight.max(inflight_seen.saturating_add(1));
         // In full use: what was in flight before the op, or after it for
         // an admission that took a slot (a release counts the request it
         // ends).
         let took = matches!(op, Op::Direct | Op::Admit) && granted.is_some();
-        let in_use = inflight_seen + u64::from(took);
+        let in_use = inflight_seen.saturating_add(u64::from(took));
         l.full |= l.auto.as_ref().is_some_and(|a| in_use >= a.limit());
         if op == Op::Direct {
             // Calm while a direct admission is granted a lease top-up; a

@@ -225,9 +225,29 @@ fn the_shared_entry_round_trips_and_rejects_what_does_not_decode() {
     assert_eq!(decode_shared(&encode_shared(&unsorted)), None);
     let many = Shared {
         claims: vec![claim(Class::Default, 1); MAX_CLAIMS + 1],
-        ..v
+        ..v.clone()
     };
     assert_eq!(decode_shared(&encode_shared(&many)), None);
+    // Counts no shedder could reach (found by the `store` fuzz target: kept,
+    // the next admission's count overflowed): corrupt; up to 2^32 - 1, read.
+    for (inflight, waiting) in [(u64::MAX, 0), (0, u64::MAX), (1 << 32, 0)] {
+        let huge = Shared {
+            inflight,
+            waiting,
+            ..v.clone()
+        };
+        assert_eq!(
+            decode_shared(&encode_shared(&huge)),
+            None,
+            "{inflight} {waiting}"
+        );
+    }
+    let most = Shared {
+        inflight: u64::from(u32::MAX),
+        waiting: u64::from(u32::MAX),
+        ..v
+    };
+    assert_eq!(decode_shared(&encode_shared(&most)), Some(most.clone()));
 }
 
 #[test]
