@@ -42,7 +42,7 @@ WINDOW_OVER_BUCKET_MAX = 0.10          # a sliding window over a token bucket
 MEMORY_OVER_MINIMAL_MAX_MB = 5.0       # RSS over a minimal Rust proxy-wasm filter
 
 KNOWN = ("latest", "breakdown", "instructions", "refusal-shed", "instructions-global", "algorithms",
-         "mechanisms", "memory", "code-shape", "global", "overload", "retry-storm")
+         "mechanisms", "memory", "code-shape", "global", "overload", "retry-storm", "soak")
 
 
 def load(name):
@@ -334,9 +334,30 @@ def retry_rows(t):
               "-", d)
 
 
+def soak_rows(t):
+    d = load("soak")
+    if not d:
+        return
+    g, r = d.get("goals") or {}, d["rss"]
+    minutes = f"{d['seconds'] / 60:.0f} min"
+    t.add("soak", f"{minutes}, every mechanism: RSS after warm-up", f"{r['slope_mb_per_min']:+.2f} MB/min",
+          f"95% interval {r['interval_95'][0]:+.2f} to {r['interval_95'][1]:+.2f}", "flat (interval holds 0)",
+          yes(g.get("rss flat after warm-up")), d)
+    t.add("soak", f"{minutes}: unexplained 5xx, connection errors", f"{d['unexplained_5xx']}, "
+          f"{sum(d['connection_errors'].values())}", f"{d['requests']:,} requests", "0",
+          yes(g.get("0 unexplained 5xx or connection errors")), d)
+    held = sum(c["holds"] for c in d["counters"])
+    t.add("soak", f"{minutes}: counters against what clients saw", f"{held} of {len(d['counters'])} hold", "-",
+          "all", yes(g.get("counters agree with what clients saw")), d)
+    t.add("soak", f"{minutes}: gauges at the end; error logs",
+          f"{sum(1 for v in d['gauges_at_end'].values() if v)} not 0; {d['error_logs']}", "-", "0; 0",
+          yes(g.get("gauges back to 0") and g.get("0 error logs")), d)
+
+
 def table():
     t = Table()
-    for f in (bench_rows, breakdown_rows, instruction_rows, memory_rows, global_rows, overload_rows, retry_rows):
+    for f in (bench_rows, breakdown_rows, instruction_rows, memory_rows, global_rows, overload_rows, retry_rows,
+              soak_rows):
         f(t)
     return t.markdown()
 

@@ -38,8 +38,9 @@ HISTORY = re.compile(
     r"|the build before|outside review|this round|\btried\b.*\breverted\b",
     re.IGNORECASE,
 )
-# A commit id: 7 to 40 hex digits with a letter and a digit among them.
-COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+# A commit id: 7 to 40 hex digits with a letter and a digit among them
+# (not a build's sha256, which the results table names its builds by).
+COMMIT = re.compile(r"(?<!sha256 )\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 CODE_HISTORY = re.compile(
     r"\bsessions? \d+|\breverted\b|the build before|outside review", re.IGNORECASE
 )
