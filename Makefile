@@ -142,7 +142,7 @@ test-host: build
 # slow). The two halves alone: test-e2e-product, test-tooling; the quick
 # set (neither slow test): test-e2e-quick.
 test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-deps
-	$(PY) -m pytest tests -v -m "not native"
+	$(PY) -m pytest tests -v -m "not native" --durations=15
 
 # The filter's behaviour in real Envoys (global rules need rls/ and Redis).
 test-e2e-product: build $(ENVOY) rls redis-deps
