@@ -15,6 +15,9 @@ pub const CAL_SAMPLES: u64 = 50;
 /// Responses that may end a measurement that finds nothing early
 /// ([`Auto::finds_nothing`]).
 const EARLY_SAMPLES: u64 = 10;
+/// Held at `min`: how long a measurement gathers responses before 10 are
+/// enough ([`Auto::measure`]).
+const QUICK_MS: u64 = 400;
 
 impl Auto {
     /// The floor estimate: the lowest latency seen in the window, or the
@@ -80,13 +83,30 @@ impl Auto {
     /// few samples within `floor_window` (idle, or slots held long after
     /// their response headers) gives up, and the limit is given back.
     ///
+    /// Held at `min`, a measurement ends [`QUICK_MS`] after the held limit
+    /// reached every worker, with 10 responses or more (2 per held request
+    /// if more): while requests wait, the limit stays at `min` for about
+    /// half a second (with the time for the held limit to reach every
+    /// worker), not the second or more that 50 responses of 2 slots take.
+    /// Then it steps up at once, as a growth by a gradient of `tolerance`
+    /// would, if the floor is learned or the responses at `min` came
+    /// within the tolerance of the lowest latency (nothing queues at
+    /// `min`): left at `min` for another interval, the few responses of it
+    /// (5 to 8 of 2 slots of 10 to 50 ms) looked queued half of the time,
+    /// and the floor was measured again.
+    ///
     /// [`Samples::add_measured`]: super::samples::Samples::add_measured
     pub(super) fn measure(&mut self, spec: &AdaptiveSpec, held: u64, now_ms: u64) {
         let timed_out = now_ms.saturating_sub(self.measure_start_ms) >= spec.floor_window_ms;
+        let at_min = held <= u64::from(spec.min);
+        let quick = at_min
+            && self
+                .measured_from_ms(spec)
+                .is_some_and(|from| now_ms >= from.saturating_add(QUICK_MS));
         // At the deadline, what came in is enough if at least 10, or 2 per
         // held request (an upstream slower than a few hundred ms does not
         // bring 50 within a window at a low limit).
-        let enough = if timed_out {
+        let enough = if timed_out || quick {
             held.saturating_mul(2).max(10)
         } else {
             Self::samples_to_measure(held)
@@ -99,31 +119,11 @@ impl Auto {
         if avg.is_none() && !timed_out {
             return;
         }
-        // Used only if the lowest latency seen is below it by more than
-        // the tolerance: within it, the limit was held by a real queue,
-        // and the floor stays the lowest seen (following it down if it
-        // falls), with nothing measured again until `floor_window`.
-        // Nor if the upstream became slower during the hold, its
-        // capacity falling (8 held on 2 slots of 20 ms measured 80 ms,
-        // and the limit then kept a queue of 10 at the upstream for the
-        // floor's window): held at or under what it served, it cannot
-        // queue more than before, so the average is within the tolerance
-        // of the interval's before the hold, and the fastest measured
-        // response is below the average by more than the tolerance (the
-        // upstream's own time varies: the reason to measure), where all
-        // of them would wait in a queue.
-        // Only an average of enough responses to compare with.
-        let before = match self.before_measure_count {
-            n if n >= CAL_SAMPLES / 2 => self.before_measure_avg_us,
-            _ => None,
-        };
-        let fastest = self.cal_min_us;
-        let learned = avg.filter(|&a| {
-            !low.is_some_and(|l| within_tolerance(spec, l, a))
-                && fastest.is_some_and(|f| !within_tolerance(spec, f, a))
-                && before.is_none_or(|b| within_tolerance(spec, b, a))
-        });
-        if learned.is_none() {
+        let learned = avg.filter(|&a| self.teaches(spec, held, low, a));
+        let no_queue = avg.is_some_and(|a| low.is_none_or(|l| within_tolerance(spec, l, a)));
+        if at_min && (learned.is_some() || no_queue) {
+            self.limit_milli = lifted(spec, held);
+        } else if learned.is_none() {
             self.limit_milli = self.before_measure_milli;
             self.quiet = 1;
         }
@@ -137,7 +137,43 @@ impl Auto {
         self.measure_limit = None;
         self.cal_sum_us = 0;
         self.cal_count = 0;
-        self.cal_min_us = None;
+        // The lowest latency when a floor was measured, to tell when the
+        // upstream becomes faster ([`Auto::follow_faster`]).
+        self.cal_min_us = match self.floor_cal {
+            Some(Measured::FloorUs(_)) => low,
+            _ => None,
+        };
+    }
+
+    /// Whether a measurement's average `avg` of responses is the floor.
+    ///
+    /// Only if the lowest latency seen is below it by more than the
+    /// tolerance: within it, the limit was held by a real queue, and the
+    /// floor stays the lowest seen (following it down if it falls), with
+    /// nothing measured again until `floor_window`.
+    /// Nor if the upstream became slower during the hold, its capacity
+    /// falling (8 held on 2 slots of 20 ms measured 80 ms, and the limit
+    /// then kept a queue of 10 at the upstream for the floor's window):
+    /// held at or under what it served, it cannot queue more than before,
+    /// so the average is within the tolerance of the interval's before the
+    /// hold, and the fastest measured response is below the average by
+    /// more than the tolerance (the upstream's own time varies: the reason
+    /// to measure), where all of them would wait in a queue. Not the
+    /// fastest at `min`, where the limit cannot go lower anyway: the 20 to
+    /// 30 responses of a measurement there often have no fast one (24 of
+    /// 18 to 54 ms: 21 ms the fastest, within 1.65 times their average).
+    fn teaches(&self, spec: &AdaptiveSpec, held: u64, low: Option<u64>, avg: u64) -> bool {
+        // Only an average of enough responses to compare with.
+        let before = match self.before_measure_count {
+            n if n >= CAL_SAMPLES / 2 => self.before_measure_avg_us,
+            _ => None,
+        };
+        !low.is_some_and(|l| within_tolerance(spec, l, avg))
+            && (held <= u64::from(spec.min)
+                || self
+                    .cal_min_us
+                    .is_some_and(|f| !within_tolerance(spec, f, avg)))
+            && before.is_none_or(|b| within_tolerance(spec, b, avg))
     }
 
     /// Whether the responses measured so far already say what the
@@ -194,6 +230,7 @@ impl Auto {
             return;
         }
         self.floor_cal = None;
+        self.cal_min_us = None;
         // Nothing learned: the floor is the lowest latency seen already.
         let Measured::FloorUs(measured) = cal else {
             return;
@@ -217,6 +254,32 @@ impl Auto {
         self.start_measure(spec, at, now_ms);
     }
 
+    /// A response faster than the lowest latency seen when the floor was
+    /// measured, by more than the tolerance: the upstream became faster,
+    /// and the measured floor in force (the average latency of the slower
+    /// upstream) would let a queue build at it. It expires at the end of
+    /// the interval, and is measured again if the lowest latency is still
+    /// below it by more than the tolerance ([`Auto::expire_measured`]).
+    /// Not if the lowest latency then was under a 4 × tolerance-th of that
+    /// floor (a long-tailed upstream's, next to nothing, which a few
+    /// responses lower further). A queue already standing at the upstream
+    /// when it becomes faster keeps its faster responses out of sight: the
+    /// floor then waits for a run of shrinks held back or its window.
+    pub(super) fn follow_faster(&mut self, spec: &AdaptiveSpec, latency_us: u64, now_ms: u64) {
+        let Some(Measured::FloorUs(floor)) = self.floor_cal else {
+            return;
+        };
+        let Some(then) = self.cal_min_us.filter(|_| self.measure_limit.is_none()) else {
+            return;
+        };
+        let tol = u128::from(spec.tolerance_pct);
+        let telling = u128::from(then) * 4 * tol >= u128::from(floor) * 100;
+        if telling && !within_tolerance(spec, latency_us, then) {
+            self.floor_cal_ms = now_ms.saturating_sub(spec.floor_window_ms);
+            self.cal_min_us = None;
+        }
+    }
+
     pub(super) fn measure_point(&self, spec: &AdaptiveSpec, low: u64, floor: u64) -> u64 {
         let tol = u128::from(spec.tolerance_pct.max(100));
         let serving = u128::from(self.serving_milli);
@@ -233,6 +296,15 @@ impl Auto {
 /// the lowest latency it should have reset stayed high.
 pub(super) fn held_limit(serving_milli: u128) -> u64 {
     u64::try_from(serving_milli.saturating_add(250) / 1000).unwrap_or(u64::MAX)
+}
+
+/// The limit (in thousandths) a measurement held at `held` steps up to,
+/// as a growth by a gradient of `tolerance`: `held × tolerance + √held`,
+/// at most `max`.
+fn lifted(spec: &AdaptiveSpec, held: u64) -> u64 {
+    let h = held as f64;
+    let up = h * f64::from(spec.tolerance_pct) / 100.0 + h.sqrt();
+    (up.min(f64::from(spec.max)) * 1000.0) as u64
 }
 
 /// Whether `latency_us` is within the tolerance of the lowest latency

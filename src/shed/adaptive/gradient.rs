@@ -51,7 +51,9 @@ impl Auto {
 
     /// The next limit from what the interval saw; and the start of a
     /// measurement of the floor when a shrink has been held back by the
-    /// bounds for [`STUCK_RUN`] intervals with no measured floor.
+    /// bounds for [`STUCK_RUN`] intervals with no measured floor, or at
+    /// once when the limit would shrink to `min` or below (the whole limit,
+    /// rounded).
     ///
     /// The lowest latency seen is the floor of an upstream whose service
     /// time barely varies. Of one whose service time varies widely even
@@ -88,7 +90,14 @@ impl Auto {
         } else {
             self.stuck_run
         };
-        if self.stuck_run >= STUCK_RUN {
+        let min = u64::from(spec.min);
+        if g < 1.0 && next.saturating_add(500) / 1000 <= min {
+            // At `min` and still looking queued: measured there at once,
+            // whatever the run or the last measurement (a real queue at
+            // `min` measures nothing, and the limit stays where it is).
+            self.limit_milli = next;
+            self.start_measure(spec, min, now_ms);
+        } else if self.stuck_run >= STUCK_RUN {
             // What the upstream serves at once by this floor: under its
             // capacity if the floor is too low, at it if a queue holds the
             // limit (nothing queues either way); by the lowest latency if a

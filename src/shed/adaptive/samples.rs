@@ -49,6 +49,7 @@ impl Auto {
             self.floor_rotated_ms = now_ms;
         }
         if let Some(m) = s.min_us {
+            self.follow_faster(spec, m, now_ms);
             self.floor_current_us = Some(self.floor_current_us.map_or(m, |f| f.min(m)));
         }
         self.sum_us = self.sum_us.saturating_add(s.sum_us);

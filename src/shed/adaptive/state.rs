@@ -24,11 +24,13 @@ pub struct Auto {
     pub max_span_ms: u64,
     /// What the last measurement of the floor found ([`Auto::measure`];
     /// `None`: no measurement in force), and when it ended (or the entry
-    /// was made).
+    /// was made; a `floor_window` earlier once the upstream became faster,
+    /// [`Auto::follow_faster`]).
     pub floor_cal: Option<Measured>,
     pub floor_cal_ms: u64,
     /// Samples gathered towards that measurement, and the fastest of
-    /// them (`None`: none yet).
+    /// them (`None`: none yet); once it measured a floor, the lowest
+    /// latency seen then (`None`: not kept).
     pub cal_sum_us: u64,
     pub cal_count: u64,
     pub cal_min_us: Option<u64>,

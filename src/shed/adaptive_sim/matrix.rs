@@ -151,17 +151,25 @@ pub fn print(rows: &[Row]) {
 /// The least part of the capacity each cell uses over seeds 1 to 6,
 /// rounded down to 5 points, in the order of [`matrix`]'s rows.
 const USED_AT_LEAST: [f64; 12] = [
-    0.85, 0.85, 0.85, 0.90, 0.85, 0.30, // not starved
-    0.25, 0.40, 0.80, 0.55, 0.90, 0.55, // starved
+    0.85, 0.85, 0.90, 0.90, 0.85, 0.70, // not starved
+    0.65, 0.70, 0.85, 0.75, 0.90, 0.60, // starved
 ];
 
+/// The longest the limit may sit at `min` while requests wait and the
+/// upstream has more slots than that (ms).
+const AT_MIN_AT_MOST_MS: u64 = 1000;
+
+/// Every cell keeps demand above the limit. A step to `min` that still
+/// looks queued measures the floor there at once, and a measurement there
+/// ends after 0.4 s of responses (0.5 to 0.6 s at `min` in all). Measured
+/// only after 6 shrinks held back, and not within a floor's window of a
+/// measurement that learned nothing, a noisy upstream (its lowest latency
+/// a third of its average), a bimodal one, or one whose noise starts
+/// mid-run would sit at `min` for 1 to 2 s, and up to 16 s with its
+/// workers starved of CPU.
 #[test]
-fn matrix_prints_its_table_and_holds_todays_bounds_only() {
-    // `cargo test matrix_prints -- --nocapture` prints the table. It
-    // asserts only what the floor's rules in force meet: no cell uses
-    // less of its capacity than they do, and no stretch at `min` with idle
-    // slots outlasts the floor's window (the documented bound; issue 38
-    // asks for one second, which they miss in 8 of 12 cells).
+fn no_cell_holds_the_limit_at_min_over_a_second_nor_uses_less_than_its_bound() {
+    // `cargo test no_cell_holds -- --nocapture` prints the table.
     for seed in 1..=6 {
         let rows = matrix(spec(), seed);
         println!("seed {seed}");
@@ -169,7 +177,11 @@ fn matrix_prints_its_table_and_holds_todays_bounds_only() {
         for (r, least) in rows.iter().zip(USED_AT_LEAST) {
             let what = format!("seed {seed}, {}", r.name);
             assert!(r.used >= least, "{what}: used {:.2}", r.used);
-            assert!(r.at_min_ms <= spec().floor_window_ms, "{what}");
+            assert!(
+                r.at_min_ms <= AT_MIN_AT_MOST_MS,
+                "{what}: {} ms at min",
+                r.at_min_ms
+            );
         }
     }
 }
