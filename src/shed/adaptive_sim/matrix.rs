@@ -12,16 +12,15 @@ use super::{median, AdaptiveSpec, Des, Dist, Starve};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// The defaults of `concurrency.max: "auto"` with `max` 200.
+/// The defaults of `concurrency.max: "auto"` with `max` 200, as the
+/// configuration reader makes them.
 fn spec() -> AdaptiveSpec {
-    AdaptiveSpec {
-        min: 2,
-        max: 200,
-        initial: 10,
-        tolerance_pct: 125,
-        interval_ms: 100,
-        floor_window_ms: 30_000,
-    }
+    let json = br#"{"shedders": [{"name": "m",
+        "concurrency": {"max": "auto", "adaptive": {"max": 200}}}]}"#;
+    crate::wiring::parse(json)
+        .ok()
+        .and_then(|c| c.shedders.first()?.concurrency.as_ref()?.adaptive)
+        .expect("the defaults load")
 }
 
 const MS: u64 = 1000;
