@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench/results"
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
+import bench  # noqa: E402
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
@@ -272,13 +273,6 @@ class ResetServer:
         self.sock.close()
 
 
-def rss_kb(pid):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def slope(points):
     """Least-squares slope of (x, y) and its standard error."""
     n = len(points)
@@ -403,7 +397,7 @@ def run(seconds, ecds_every_s=ECDS_EVERY_S, baseline=False):
         variant, next_progress = 0, 0.0
         while (now := time.monotonic() - start) < seconds:
             if now >= next_rss:
-                rss.append((now / 60, rss_kb(front.proc.pid) / 1024))
+                rss.append((now / 60, bench.rss_kb(front.proc.pid) / 1024))
                 next_rss += RSS_EVERY_S
             if ecds_every_s and now >= next_ecds:
                 variant ^= 1
