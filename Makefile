@@ -241,13 +241,15 @@ oci: build
 # bench/results/latest.* and retry-storm.*. `make bench BENCH_ARGS=--breakdown` runs
 # the hot-path breakdown instead (bench/results/breakdown.{json,md});
 # BENCH_ARGS=--retry-storm only the retry storm (bench/results/retry-storm.*).
-# Then bench/overload.py (see bench-overload), bench/global.py (see
-# bench-global) and the results table of docs/performance.md (bench-report).
+# Then bench/overload.py and bench/adaptive_matrix.py (see bench-overload),
+# bench/global.py (see bench-global) and the results table of
+# docs/performance.md (bench-report).
 BENCH_ARGS ?=
 bench: build $(ENVOY) rls-release
 	@command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) bench/bench.py $(BENCH_ARGS)
 	$(PY) bench/overload.py
+	$(PY) bench/adaptive_matrix.py
 	$(PY) bench/global.py
 	python3 bench/report.py
 
@@ -260,8 +262,14 @@ bench-report:
 # Overload control side by side (bench/overload.py, also run by `make bench`):
 # sluice's adaptive limit vs Envoy's adaptive_concurrency, graded breaking vs
 # admission_control, on an upstream whose capacity and error rate change.
+# Then the adaptive limit's scenario matrix (bench/adaptive_matrix.py):
+# steady, changing capacity, noisy, noise from mid-run, slow and bimodal
+# upstreams, each also with a busy loop on one core, sluice's `max: "auto"`
+# vs adaptive_concurrency in 3 alternating rounds with the goals beside
+# each cell; about 14 minutes; writes bench/results/adaptive-matrix.*.
 bench-overload: build $(ENVOY)
 	$(PY) bench/overload.py
+	$(PY) bench/adaptive_matrix.py
 	python3 bench/report.py
 
 # Global rate limiting side by side (bench/global.py, also run by `make

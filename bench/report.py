@@ -10,8 +10,8 @@ names the result file it comes from (bench/results/<name>.json), the
 scenario or metric, sluice's figure, what it is compared with (Envoy's
 native filter, no filter, another sluice configuration), the ratio and goal,
 whether the goal is met, and the build and machine measured (as the bench
-scripts record them, bench/provenance.py; "not recorded" where a result
-predates that). A row whose file or fields are missing is left out.
+scripts record them, bench/provenance.py; "-" where the result does not
+record it). A row whose file or fields are missing is left out.
 
 The goals of the instruction counts and of memory are the project's
 (docs/performance.md, "Goals"); those of the other benchmarks are the
@@ -21,6 +21,7 @@ verdicts the bench scripts wrote into their JSON.
 import argparse
 import difflib
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -42,7 +43,7 @@ WINDOW_OVER_BUCKET_MAX = 0.10          # a sliding window over a token bucket
 MEMORY_OVER_MINIMAL_MAX_MB = 5.0       # RSS over a minimal Rust proxy-wasm filter
 
 KNOWN = ("latest", "breakdown", "instructions", "refusal-shed", "instructions-global", "algorithms",
-         "mechanisms", "memory", "code-shape", "global", "overload", "retry-storm", "soak")
+         "mechanisms", "memory", "code-shape", "global", "overload", "adaptive-matrix", "retry-storm", "soak")
 
 
 def load(name):
@@ -73,8 +74,9 @@ class Table:
             b_text = "no sluice"
         else:
             b_text = provenance.build_text(b)
-        self.rows.append((f"`{src}`", what, sluice, compared, ratio, met, b_text,
-                          provenance.machine_text(data.get("machine"))))
+        m_text = provenance.machine_text(data.get("machine"))
+        self.rows.append((f"`{src}`", what, sluice, compared, ratio, met,
+                          *("-" if x == "not recorded" else x for x in (b_text, m_text))))
 
     def markdown(self):
         head = ("| result | scenario / metric | sluice | compared with | ratio; goal | met | build | machine |\n"
@@ -320,6 +322,35 @@ def overload_rows(t):
                   yes(gr["recovery_s"] <= ac["recovery_s"]), d)
 
 
+def matrix_rows(t):
+    """bench/adaptive_matrix.py, one row per goal: in how many cells it
+    holds, is level within the run's noise or fails (naming those), with
+    the median over the cells of both filters' figure (the full table:
+    bench/results/adaptive-matrix.md)."""
+    d = load("adaptive-matrix")
+    if not d or not d.get("cells"):
+        return
+    cells = d["cells"]
+    med = lambda side, k: statistics.median(  # noqa: E731
+        [c[side][k] for c in cells if c[side].get(k) is not None] or [0])
+    for gid, what, ours, theirs, goal in (
+            ("a", "upstream utilisation", f"{med('sluice', 'utilisation_pct'):.0f}%",
+             f"adaptive_concurrency {med('native', 'utilisation_pct'):.0f}%", "≥ native's − 5 points"),
+            ("b", "admitted p99", f"{med('sluice', 'p99_ms'):.0f} ms",
+             f"adaptive_concurrency {med('native', 'p99_ms'):.0f} ms", "≤ native's"),
+            ("c", "longest at `min` with idle slots", f"{max(c['sluice']['at_min_s'] or 0 for c in cells):.1f} s",
+             "-", "< 1 s")):
+        verdicts = {c["name"]: next((g["verdict"] for g in c["goals"] if g["id"] == gid), "-") for c in cells}
+        count = lambda v: sum(x == v for x in verdicts.values())  # noqa: E731
+        failed = [k for k, v in verdicts.items() if v == "not met"]
+        level = count("within noise")
+        met = (f"{count('met')} of {len(cells)}" + (f"; level {level}" if level else "")
+               + ("; **no**: " + ", ".join(failed) if failed else ""))
+        head = f"`auto`, {len(cells)} upstreams, {d['rounds']} rounds" if gid == "a" else "the same"
+        cell_med = " (worst cell)" if gid == "c" else " (median of cells)"
+        t.add("adaptive-matrix", f"{head}: {what}{cell_med}", ours, theirs, goal, met, d)
+
+
 def retry_rows(t):
     d = load("retry-storm")
     if not d:
@@ -356,8 +387,8 @@ def soak_rows(t):
 
 def table():
     t = Table()
-    for f in (bench_rows, breakdown_rows, instruction_rows, memory_rows, global_rows, overload_rows, retry_rows,
-              soak_rows):
+    for f in (bench_rows, breakdown_rows, instruction_rows, memory_rows, global_rows, overload_rows, matrix_rows,
+              retry_rows, soak_rows):
         f(t)
     return t.markdown()
 

@@ -508,8 +508,9 @@ class SlowUpstream(ChildUpstream):
 
 
 class CapacityUpstream(ChildUpstream):
-    """tests/capacity_upstream.py: an upstream whose capacity and error rate
-    change at run time (`set_capacity`, `control("/__errors?pct=P")`)."""
+    """tests/capacity_upstream.py: an upstream whose capacity, error rate
+    and service time change at run time (`set_capacity`,
+    `control("/__errors?pct=P")`, `control("/__service?lo=A&hi=B")`)."""
 
     script = "capacity_upstream.py"
 
