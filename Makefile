@@ -49,8 +49,8 @@ build-native:
 # (about 10 s); its lints are in `lint`.
 NATIVE_DEBUG := target/debug/libsluice_native.so
 test-native: $(ENVOY)
-	cd native && CARGO_TARGET_DIR=../target cargo build
-	cd native && CARGO_TARGET_DIR=../target cargo test
+	cd native && CARGO_TARGET_DIR=../target $(LINTED) cargo build
+	cd native && CARGO_TARGET_DIR=../target $(LINTED) cargo test
 	SLUICE_NATIVE=$(CURDIR)/$(NATIVE_DEBUG) $(PY) -m pytest tests/e2e/test_native.py tests/tooling/test_run.py -m native -v
 
 # The demo (envoy/envoy.yaml in front of envoy/upstream.yaml) on these ports:
@@ -92,7 +92,7 @@ run-container: build $(ENVOY) container-deps
 test: lint test-core test-fuzz test-wasm32 test-rls test-host test-native test-e2e
 
 test-core:
-	cargo test --features schema
+	$(LINTED) cargo test --features schema
 
 # The fuzz targets' stable pass (fuzz/README.md): each target over its
 # committed seeds and 2000 deterministic mutations of them (FUZZ_MUTATIONS),
@@ -101,8 +101,7 @@ test-core:
 .PHONY: test-fuzz fuzz
 test-fuzz:
 	cd fuzz && cargo fmt --check
-	cd fuzz && cargo clippy --locked --all-targets --target-dir ../target -- -D warnings
-	cd fuzz && cargo test --locked --target-dir ../target
+	cd fuzz && $(LINTED) cargo test --locked --target-dir ../target
 
 # Coverage-guided fuzzing (fuzz/README.md): each target under cargo-fuzz
 # (libFuzzer, AddressSanitizer, debug assertions, nightly) for
@@ -127,7 +126,7 @@ fuzz: $(CARGO_FUZZ)
 
 test-wasm32: deps
 	WASI_SHARDS=2 CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi_runner.mjs" \
-	  cargo test --target wasm32-wasip1
+	  $(LINTED) cargo test --target wasm32-wasip1
 
 # The built module in a proxy-wasm host of the tests' own (tests/host/, on
 # Node's WebAssembly, no Envoy; docs/design.md#what-is-tested-where): pause,
@@ -158,19 +157,16 @@ test-e2e-quick: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls r
 
 # The reference rate-limit service (rls/: its own crate and Cargo.lock, not
 # part of the filter): tests/tooling/test_rls.py points Envoy's native ratelimit
-# filter at it. A debug build: the tests need no speed from it. Clippy lints
-# it as it compiles (clippy-driver as the workspace's compiler wrapper, what
-# `cargo clippy` runs; rls/Cargo.toml denies warnings), so that its
-# dependencies compile once for the build, its lints and its tests: about
-# 55 s from clean on 2 cores. test-rls: its format, that build, its unit tests.
+# filter at it. A debug build, the tests need no speed from it, and linted
+# as it compiles (LINTED): about 55 s from clean on 2 cores. test-rls: its
+# format, that build, its unit tests.
 .PHONY: rls test-rls redis-deps
-RLS_CARGO := RUSTC_WORKSPACE_WRAPPER="$$(rustup which clippy-driver)" cargo
 rls:
-	cd rls && $(RLS_CARGO) build --locked
+	cd rls && $(LINTED) cargo build --locked
 
 test-rls: rls
 	cd rls && cargo fmt --check
-	cd rls && $(RLS_CARGO) test --locked
+	cd rls && $(LINTED) cargo test --locked
 
 # The same service optimized (rls/target/release/sluice-rls), for
 # bench/global.py: there Envoy's native ratelimit filter calls it on every
@@ -199,16 +195,32 @@ obs-deps:
 container-deps:
 	@command -v dockerd >/dev/null || (apt-get update && apt-get install -y docker.io)
 
+# Clippy's lints, warnings denied, on every crate of the project: the test
+# targets compile each crate's debug builds with clippy-driver as the
+# compiler (LINTED, scripts/clippy-rustc; what `cargo clippy` runs, but
+# making the real build), so that a crate's dependencies compile once for
+# its lints and its tests. Every test target compiles under it: a plain
+# `cargo build` of a crate it built compiles that crate again. `make build`
+# (the release module) does not.
+LINTED := RUSTC_WORKSPACE_WRAPPER=$(CURDIR)/scripts/clippy-rustc
+
+# Docs, results table, formats, and the filter's and the native build's
+# lints: every target `cargo clippy --all-targets` checks, compiled as
+# test-core, test-wasm32, test-native and tests/tooling/test_schema.py
+# then use them (the filter with the schema feature: the same code and the
+# schema's; no code is compiled only without it). rls/ and fuzz/ are
+# linted by test-rls and test-fuzz as they compile.
 lint: .tools/targets
 	python3 scripts/check_docs.py
 	python3 bench/report.py --check
 	cargo fmt --check
-	# With the schema feature: the same code and the schema's (no code is
-	# compiled only without it), in one check instead of two.
-	cargo clippy --all-targets --features schema -- -D warnings
-	cargo clippy --target wasm32-wasip1 --all-targets -- -D warnings
 	cd native && cargo fmt --check
-	cd native && CARGO_TARGET_DIR=../target cargo clippy --all-targets -- -D warnings
+	$(LINTED) cargo test --features schema --no-run
+	$(LINTED) cargo build --features schema
+	$(LINTED) cargo test --target wasm32-wasip1 --no-run
+	$(LINTED) cargo build --target wasm32-wasip1
+	cd native && CARGO_TARGET_DIR=../target $(LINTED) cargo test --no-run
+	cd native && CARGO_TARGET_DIR=../target $(LINTED) cargo build
 
 fmt:
 	cargo fmt

@@ -4,6 +4,7 @@ validation code) agree with every example and every configuration snippet in
 the docs, and refuse what the filter refuses."""
 
 import json
+import os
 import re
 import subprocess
 
@@ -18,8 +19,11 @@ CHECK = [str(ROOT / "target/debug/sluice-check")]
 
 
 def setup_module():
+    # Compiled as `make lint` compiles it (the Makefile's LINTED), so that
+    # after it this finds the binary built.
+    env = dict(os.environ, RUSTC_WORKSPACE_WRAPPER=str(ROOT / "scripts/clippy-rustc"))
     subprocess.run(["cargo", "build", "--quiet", "--features", "schema", "--bin", "sluice-check"],
-                   cwd=ROOT, check=True, timeout=600)
+                   cwd=ROOT, check=True, timeout=600, env=env)
 
 
 def snippets():
