@@ -319,7 +319,12 @@ soak: build $(ENVOY) rls
 	python3 bench/report.py
 
 # Instructions per request under valgrind: deterministic, unlike CPU time.
-bench-instructions: build $(ENVOY) rls
+# Every scenario with the built module (bench/results/instructions.*), then
+# the wasm and the native build side by side (instructions-native.*; the
+# native build's goals, docs/performance.md): about 15 minutes.
+bench-instructions: build build-native $(ENVOY) rls
 	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
 	$(PY) bench/instructions.py $(BENCH_ARGS)
+	$(PY) bench/instructions.py wasm=$(WASM) native=$(NATIVE) --out instructions-native \
+	  --scenarios none,native,rl,all,refused,native_refused
 	python3 bench/report.py

@@ -67,12 +67,13 @@ SAME_HEADERS = {"ratelimit_headers": "legacy", "headers_on_allowed": True}
 
 
 def parse_variants(specs):
-    """`NAME=FILE.wasm` arguments (builds to compare) as (name, path) pairs."""
+    """`NAME=FILE` arguments (builds to compare: a .wasm, or the native
+    build's .so for bench/instructions.py) as (name, path) pairs."""
     variants = []
     for v in specs:
         name, sep, path = v.partition("=")
         if not sep or not Path(path).is_file():
-            sys.exit(f"expected NAME=FILE.wasm with an existing file, got {v!r}")
+            sys.exit(f"expected NAME=FILE with an existing file, got {v!r}")
         variants.append((name, path))
     return variants
 

@@ -9,6 +9,11 @@ figure to compare builds and configurations with on a shared machine.
     python bench/instructions.py                  # every scenario, the built sluice.wasm
     python bench/instructions.py --scenarios none,native,rl
     python bench/instructions.py a=old.wasm b=new.wasm --scenarios rl,all   # builds side by side
+    python bench/instructions.py wasm=sluice.wasm native=libsluice_native.so   # the two hosts
+
+A build ending in `.so` is the native build (native/README.md), loaded as
+an Envoy dynamic module with the same configuration; it has no JIT code,
+and no global rules (the `global` scenario skips it).
 
 For each scenario, a front Envoy (--concurrency 1) starts under callgrind
 with instrumentation off, answers WARMUP requests, then counts the
@@ -40,7 +45,7 @@ import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
-from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, native_filter, upstream_bootstrap, wasm_filter  # noqa: E402
 from rls import RlsServer, rls_cluster  # noqa: E402
 
 RL = {"rate_limits": [bench.huge_rule("global")], "response": bench.SAME_HEADERS}
@@ -108,7 +113,14 @@ def filters_for(kind, cfg, wasm):
     if kind == "native_refused":
         # One token, refilled after an hour: the first request takes it.
         return bench.native(1, 1, "3600s")
+    if is_native_build(wasm):
+        return [native_filter(cfg, lib=wasm)]
     return [wasm_filter(cfg, wasm=wasm)]
+
+
+def is_native_build(path):
+    """Whether a build to count is the native one (a dynamic module)."""
+    return str(path).endswith(".so")
 
 
 # The reference rate-limit service's limits for the `global` scenario: so
@@ -225,8 +237,8 @@ def jit_instructions(f):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("variants", nargs="*", metavar="NAME=FILE.wasm",
-                    help="sluice builds to compare (default: the built sluice.wasm)")
+    ap.add_argument("variants", nargs="*", metavar="NAME=FILE",
+                    help="sluice builds to compare, .wasm or the native .so (default: the built sluice.wasm)")
     ap.add_argument("--scenarios", default=",".join(s[0] for s in SCENARIOS))
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=1000)
@@ -253,9 +265,11 @@ def main():
                     continue
                 sluice = kind.startswith("sluice")
                 for vname, wasm in (variants if sluice else [("-", None)]):
+                    if kind == "sluice_global" and is_native_build(wasm):
+                        continue
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
-                              expect_jit=sluice, status=status,
+                              expect_jit=sluice and not is_native_build(wasm), status=status,
                               rls_port=rls.port if kind == "sluice_global" else None, hold=kind == "sluice_hold")
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)

@@ -43,7 +43,8 @@ WINDOW_OVER_BUCKET_MAX = 0.10          # a sliding window over a token bucket
 MEMORY_OVER_MINIMAL_MAX_MB = 5.0       # RSS over a minimal Rust proxy-wasm filter
 
 KNOWN = ("latest", "breakdown", "instructions", "refusal-shed", "instructions-global", "algorithms",
-         "mechanisms", "memory", "code-shape", "global", "overload", "adaptive-matrix", "retry-storm", "soak")
+         "mechanisms", "instructions-native", "memory", "code-shape", "global", "overload", "adaptive-matrix",
+         "retry-storm", "soak")
 
 
 def load(name):
@@ -322,6 +323,49 @@ def overload_rows(t):
                   yes(gr["recovery_s"] <= ac["recovery_s"]), d)
 
 
+# The native build's goals (issue: the same engine at native cost): what it
+# adds over no filter, in multiples of what native local_ratelimit adds, and
+# its refusal over native's.
+NATIVE_RL_ADDED_MAX = 1.5
+NATIVE_ALL_ADDED_MAX = 2.0
+NATIVE_REFUSAL_MAX = 1.05
+
+
+def native_build_rows(t):
+    """bench/instructions.py with the wasm build and the native build side
+    by side (`instructions-native`): the native build's rows, the wasm
+    build's figure beside each."""
+    d = load("instructions-native")
+    if not d:
+        return
+    builds = {v[0]: v[1] for v in d.get("variants", [])}
+    native = next((k for k, path in builds.items() if str(path).endswith(".so")), None)
+    wasm = next((k for k, path in builds.items() if not str(path).endswith(".so")), None)
+    r = {(x["scenario"], x["variant"]): x["instructions_per_request"] for x in d.get("rows", [])}
+    none, nat = r.get(("none", "-")), r.get(("native", "-"))
+    if native is None or none is None or nat is None or nat <= none:
+        return
+    sids = [(sid, goal) for sid, goal in (("rl", NATIVE_RL_ADDED_MAX), ("all", NATIVE_ALL_ADDED_MAX))
+            if (sid, native) in r]
+    if sids:
+        added = [r[(sid, native)] - none for sid, _ in sids]
+        x = [a / (nat - none) for a in added]
+        beside = ("; wasm build " + " / ".join(f"+{n(r[(sid, wasm)] - none)}" for sid, _ in sids)
+                  if all((sid, wasm) in r for sid, _ in sids) else "")
+        t.add("instructions-native", "native build: added over no filter, "
+              + " / ".join({"rl": "one rule", "all": "rule, breaker, shedder"}[sid] for sid, _ in sids),
+              " / ".join(f"+{n(a)}" for a in added), f"local_ratelimit +{n(nat - none)}{beside}",
+              " / ".join(f"{v:.1f}x" for v in x) + "; ≤ " + " / ".join(f"{g}x" for _, g in sids),
+              " / ".join(yes(v <= g) for v, (_, g) in zip(x, sids)), d, native)
+    refused, nat_refused = r.get(("refused", native)), r.get(("native_refused", "-"))
+    if refused and nat_refused:
+        x = refused / nat_refused
+        beside = f"; wasm build {n(r[('refused', wasm)])}" if ("refused", wasm) in r else ""
+        t.add("instructions-native", "the same: a refused request", n(refused),
+              f"local_ratelimit's refusal {n(nat_refused)}{beside}", f"{x:.2f}x; ≤ {NATIVE_REFUSAL_MAX}x",
+              yes(x <= NATIVE_REFUSAL_MAX), d, native)
+
+
 def matrix_rows(t):
     """bench/adaptive_matrix.py, one row per goal: in how many cells it
     holds, is level within the run's noise or fails (naming those), with
@@ -387,8 +431,8 @@ def soak_rows(t):
 
 def table():
     t = Table()
-    for f in (bench_rows, breakdown_rows, instruction_rows, memory_rows, global_rows, overload_rows, matrix_rows,
-              retry_rows, soak_rows):
+    for f in (bench_rows, breakdown_rows, instruction_rows, native_build_rows, memory_rows, global_rows,
+              overload_rows, matrix_rows, retry_rows, soak_rows):
         f(t)
     return t.markdown()
 
