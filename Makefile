@@ -300,10 +300,14 @@ bench-global: build $(ENVOY) rls-release
 # Memory per sidecar (bench/memory.py): the front Envoy's RSS at
 # --concurrency 2 with no filter, a minimal Rust proxy-wasm filter
 # (bench/minimal, its own crate and lockfile) and sluice with {} and with
-# the demo rule; about 1 minute; writes bench/results/memory.{json,md}.
-bench-memory: build $(ENVOY)
+# the demo rule (bench/results/memory.*); then the wasm and the native
+# build side by side at --concurrency 2 and 8 (memory-native-c2.*,
+# memory-native-c8.*); about 4 minutes.
+bench-memory: build build-native $(ENVOY)
 	cd bench/minimal && cargo build --release --target wasm32-wasip1
 	$(PY) bench/memory.py $(BENCH_ARGS)
+	for c in 2 8; do $(PY) bench/memory.py wasm=$(WASM) native=$(NATIVE) --concurrency $$c \
+	  --out memory-native-c$$c || exit 1; done
 	python3 bench/report.py
 
 # A soak (bench/soak.py; docs/performance.md#soak): a real Envoy with every

@@ -7,6 +7,10 @@ same --concurrency.
 
     python bench/memory.py                                  # the built sluice.wasm
     python bench/memory.py a=old.wasm b=new.wasm            # builds side by side
+    python bench/memory.py wasm=sluice.wasm native=libsluice_native.so --concurrency 8
+
+A build ending in `.so` is the native build (native/README.md), loaded as
+an Envoy dynamic module with the same configuration.
     python bench/memory.py --concurrency 4 --rounds 5
 
 Each round starts a fresh front Envoy per scenario (interleaved), sends
@@ -34,7 +38,7 @@ import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
-from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, native_filter, upstream_bootstrap, wasm_filter  # noqa: E402
 
 MINIMAL = bench.ROOT / "bench/minimal/target/wasm32-wasip1/release/minimal.wasm"
 
@@ -112,8 +116,8 @@ def one(filters, upstream_port, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("variants", nargs="*", metavar="NAME=FILE.wasm",
-                    help="sluice builds to compare (default: the built sluice.wasm)")
+    ap.add_argument("variants", nargs="*", metavar="NAME=FILE",
+                    help="sluice builds to compare, .wasm or the native .so (default: the built sluice.wasm)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=500)
@@ -130,8 +134,10 @@ def main():
     for vname, wasm in variants:
         size = Path(wasm).stat().st_size
         tag = f"{vname}, {size:,} bytes"
-        scenarios.append((f"empty-{vname}", f"sluice, config {{}} ({tag})", vname, [wasm_filter({}, wasm=wasm)]))
-        scenarios.append((f"demo-{vname}", f"sluice, the demo rule ({tag})", vname, [wasm_filter(DEMO, wasm=wasm)]))
+        filt = ((lambda cfg, path=wasm: native_filter(cfg, lib=path)) if str(wasm).endswith(".so")
+                else (lambda cfg, path=wasm: wasm_filter(cfg, wasm=path)))
+        scenarios.append((f"empty-{vname}", f"sluice, config {{}} ({tag})", vname, [filt({})]))
+        scenarios.append((f"demo-{vname}", f"sluice, the demo rule ({tag})", vname, [filt(DEMO)]))
     started = time.time()
     results = {sid: [] for sid, *_ in scenarios}
     with tempfile.TemporaryDirectory(prefix="sluice-mem-"):
@@ -173,7 +179,8 @@ def main():
           f"- Whole run: {time.time() - started:.0f} s", "", "\n".join(lines), ""]
     bench.RESULTS.mkdir(parents=True, exist_ok=True)
     (bench.RESULTS / f"{args.out}.md").write_text("\n".join(md))
-    (bench.RESULTS / f"{args.out}.json").write_text(json.dumps({"rows": rows, "args": vars(args), **rec}, indent=1) + "\n")
+    out = {"rows": rows, "args": vars(args), "variants": variants, **rec}
+    (bench.RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1) + "\n")
     print("\n" + "\n".join(lines))
     print(f"wrote bench/results/{args.out}.json and {args.out}.md")
 

@@ -43,8 +43,8 @@ WINDOW_OVER_BUCKET_MAX = 0.10          # a sliding window over a token bucket
 MEMORY_OVER_MINIMAL_MAX_MB = 5.0       # RSS over a minimal Rust proxy-wasm filter
 
 KNOWN = ("latest", "breakdown", "instructions", "refusal-shed", "instructions-global", "algorithms",
-         "mechanisms", "instructions-native", "memory", "code-shape", "global", "overload", "adaptive-matrix",
-         "retry-storm", "soak")
+         "mechanisms", "instructions-native", "memory", "memory-native-c2", "memory-native-c8", "code-shape",
+         "global", "overload", "adaptive-matrix", "retry-storm", "soak")
 
 
 def load(name):
@@ -259,6 +259,38 @@ def memory_rows(t):
               f"minimal filter {base / 1024:.1f} MB", "-", "-", d)
 
 
+# The native build's memory goal: RSS over no filter at --concurrency 2 and 8.
+NATIVE_RSS_OVER_NONE_MAX_MB = 3.0
+
+
+def native_memory_rows(t):
+    """bench/memory.py with the wasm and the native build side by side at
+    --concurrency 2 and 8 (`memory-native-c2`, `memory-native-c8`): the
+    native build's RSS over no filter with `{}` and with the demo rule
+    (10,000 slots), the wasm build's beside it."""
+    runs = [d for d in (load("memory-native-c2"), load("memory-native-c8")) if d]
+    if len(runs) != 2:
+        return
+    cells = {}  # (build kind, scenario kind) -> [c2, c8]
+    for d in runs:
+        over = {x["scenario"]: x["over_none_mb"] for x in d["rows"]}
+        for name, path in d.get("variants", []):
+            kind = "native" if str(path).endswith(".so") else "wasm"
+            for sc in ("empty", "demo"):
+                cells.setdefault((kind, sc), []).append(over.get(f"{sc}-{name}"))
+    mine = [cells.get(("native", sc)) for sc in ("empty", "demo")]
+    wasm = [cells.get(("wasm", sc)) for sc in ("empty", "demo")]
+    if any(v is None or None in v or len(v) != 2 for v in mine):
+        return
+    fmt = lambda vs: " / ".join(f"{x:+.1f}" for x in vs)  # noqa: E731
+    beside = ("wasm build " + "; ".join(fmt(v) for v in wasm) + " MB"
+              if all(v and None not in v and len(v) == 2 for v in wasm) else "-")
+    native = next((v[0] for v in runs[-1].get("variants", []) if str(v[1]).endswith(".so")), None)
+    t.add("memory-native-c8", "native build: RSS over no filter, c2 / c8: `{}`; demo rule",
+          "; ".join(fmt(v) for v in mine) + " MB", beside, f"≤ +{NATIVE_RSS_OVER_NONE_MAX_MB:.0f} MB",
+          "; ".join(yes(max(v) <= NATIVE_RSS_OVER_NONE_MAX_MB) for v in mine), runs[-1], native)
+
+
 def global_rows(t):
     d = load("global")
     if not d:
@@ -431,8 +463,8 @@ def soak_rows(t):
 
 def table():
     t = Table()
-    for f in (bench_rows, breakdown_rows, instruction_rows, native_build_rows, memory_rows, global_rows,
-              overload_rows, matrix_rows, retry_rows, soak_rows):
+    for f in (bench_rows, breakdown_rows, instruction_rows, native_build_rows, memory_rows, native_memory_rows,
+              global_rows, overload_rows, matrix_rows, retry_rows, soak_rows):
         f(t)
     return t.markdown()
 
