@@ -219,9 +219,13 @@ def test_latency_mode_overload_holds_while_everything_is_shed():
                          "latency": {"floor_window": "30s"}, "target": "5ms", "interval": "100ms"}]}
     slow = {"x-envoy-fault-delay-request": "200"}
     with Stack(cfg) as s:
-        c = http1.Conn(s.port)
-        for _ in range(20):  # learn the no-load floor (about 1 ms)
-            assert c.request("/").status == 200
+        # Each worker learns its own no-load floor (about 1 ms): a worker
+        # whose first response is already slow takes that for its floor.
+        for conns in connections_by_worker(s, {0: 1, 1: 1}).values():
+            for c in conns:
+                for _ in range(10):
+                    assert c.request("/").status == 200
+                c.close()
         got = load(s.port, 3, clients=8, headers_for=lambda i: slow)
     first = min((r[4] for r in got if r[0] == 503), default=None)
     assert first is not None, "no shedding with the upstream 200 ms over its floor"
