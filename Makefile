@@ -325,7 +325,7 @@ soak: build $(ENVOY) rls
 # Instructions per request under valgrind: deterministic, unlike CPU time.
 # Every scenario with the built module (bench/results/instructions.*), then
 # the wasm and the native build side by side (instructions-native.*; the
-# native build's goals, docs/performance.md): about 15 minutes.
+# native build's goals, docs/performance.md): about 4 and 2 minutes.
 bench-instructions: build build-native $(ENVOY) rls
 	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
 	$(PY) bench/instructions.py $(BENCH_ARGS)
