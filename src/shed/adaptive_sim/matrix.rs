@@ -13,13 +13,13 @@ use super::{median, AdaptiveSpec, Des, Dist, Starve};
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 /// The defaults of `concurrency.max: "auto"` with `max` 200, as the
-/// configuration reader makes them.
+/// shedder's own configuration reader makes them.
 fn spec() -> AdaptiveSpec {
-    let json = br#"{"shedders": [{"name": "m",
-        "concurrency": {"max": "auto", "adaptive": {"max": 200}}}]}"#;
-    crate::wiring::parse(json)
+    let json = br#"{"name": "m", "concurrency": {"max": "auto", "adaptive": {"max": 200}}}"#;
+    serde_json::from_slice(json)
         .ok()
-        .and_then(|c| c.shedders.first()?.concurrency.as_ref()?.adaptive)
+        .and_then(|raw| super::super::config::validate("shedders[0]", raw).ok())
+        .and_then(|s| s.concurrency?.adaptive)
         .expect("the defaults load")
 }
 
