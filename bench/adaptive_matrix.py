@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 import provenance  # noqa: E402
 from harness import CapacityUpstream, Envoy, free_port, front_bootstrap, wasm_filter  # noqa: E402
-from overload import T95, cpu_s, cpu_ticks, limit_reader, native_adaptive, pct, steal_pct  # noqa: E402
+from overload import cpu_s, cpu_ticks, limit_reader, native_adaptive, paired_t, pct, steal_pct  # noqa: E402
 from test_adaptive import Load  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -238,10 +238,10 @@ def verdict(met, margins):
         return "not met"
     if any(m >= 0 for m in margins) and any(m < 0 for m in margins):
         return "within noise"
-    se = statistics.stdev(margins) / len(margins) ** 0.5
-    if se == 0:
+    _, se, t, bound = paired_t(margins)
+    if se is None:
         return "not met"
-    return "within noise" if abs(statistics.mean(margins) / se) < T95.get(len(margins) - 1, 2.0) else "not met"
+    return "within noise" if abs(t) < bound else "not met"
 
 
 def judge(rounds):

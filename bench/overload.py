@@ -315,19 +315,26 @@ def run_breakers(clients=16):
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
 
 
+def paired_t(diffs):
+    """A paired difference against the noise: its mean, standard error, t
+    and the two-sided 95% bound for its rounds (se and t None with fewer
+    than two rounds or no spread)."""
+    mean, bound = statistics.mean(diffs), T95.get(len(diffs) - 1, 2.0)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+    return mean, (se or None), (mean / se if se else None), bound
+
+
 def paired_goodput(rounds):
     """How far apart the two filters' goodput is, round by round, against
     the noise: the mean difference, its standard error and t, so that a
     reader sees whether the medians' order is one this run can tell from
     chance."""
     diffs = [b["goodput_rps"] - a["goodput_rps"] for a, b in rounds]
-    mean, ahead = statistics.mean(diffs), sum(d > 0 for d in diffs)
+    (mean, se, t, bound), ahead = paired_t(diffs), sum(d > 0 for d in diffs)
     text = (f"Goodput round by round, sluice minus native: mean {mean:+.1f}/s; "
             f"sluice ahead in {ahead} of {len(diffs)} rounds")
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
-    if se == 0:
+    if se is None:
         return text + "."
-    t, bound = mean / se, T95.get(len(diffs) - 1, 2.0)
     verdict = ("a difference this run can tell from the machine's noise" if abs(t) >= bound
                else "within this run's noise")
     return text + f"; standard error {se:.1f}/s, t = {t:+.1f} (95% bound {bound}): {verdict}."
