@@ -50,7 +50,7 @@ if "ENVOY_BIN" not in os.environ:
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402  (bench/, beside this file)
-from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, native_filter, upstream_bootstrap, wasm_filter  # noqa: E402
 
 RESULTS = ROOT / "bench/results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -64,6 +64,18 @@ TENANT_HEADER = ("x-tenant", "bench")
 # as the native filter with enable_x_ratelimit_headers, so both do the same
 # work for the client.
 SAME_HEADERS = {"ratelimit_headers": "legacy", "headers_on_allowed": True}
+
+
+def is_native_build(path):
+    """Whether a build to compare is the native one (native/README.md: a
+    dynamic module, `.so`) rather than a `.wasm`."""
+    return str(path).endswith(".so")
+
+
+def sluice_filter(cfg, path):
+    """sluice with configuration `cfg` from the build at `path`: the wasm
+    filter, or the native build's dynamic-module filter."""
+    return native_filter(cfg, lib=path) if is_native_build(path) else wasm_filter(cfg, wasm=path)
 
 
 def parse_variants(specs):

@@ -45,7 +45,7 @@ import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
-from harness import Envoy, free_port, front_bootstrap, native_filter, upstream_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap  # noqa: E402
 from rls import RlsServer, rls_cluster  # noqa: E402
 
 RL = {"rate_limits": [bench.huge_rule("global")], "response": bench.SAME_HEADERS}
@@ -113,14 +113,7 @@ def filters_for(kind, cfg, wasm):
     if kind == "native_refused":
         # One token, refilled after an hour: the first request takes it.
         return bench.native(1, 1, "3600s")
-    if is_native_build(wasm):
-        return [native_filter(cfg, lib=wasm)]
-    return [wasm_filter(cfg, wasm=wasm)]
-
-
-def is_native_build(path):
-    """Whether a build to count is the native one (a dynamic module)."""
-    return str(path).endswith(".so")
+    return [bench.sluice_filter(cfg, wasm)]
 
 
 # The reference rate-limit service's limits for the `global` scenario: so
@@ -265,11 +258,11 @@ def main():
                     continue
                 sluice = kind.startswith("sluice")
                 for vname, wasm in (variants if sluice else [("-", None)]):
-                    if kind == "sluice_global" and is_native_build(wasm):
+                    if kind == "sluice_global" and bench.is_native_build(wasm):
                         continue
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
-                              expect_jit=sluice and not is_native_build(wasm), status=status,
+                              expect_jit=sluice and not bench.is_native_build(wasm), status=status,
                               rls_port=rls.port if kind == "sluice_global" else None, hold=kind == "sluice_hold")
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)

@@ -38,7 +38,7 @@ import bench  # noqa: E402  (also puts tests/ on the path)
 import harness  # noqa: E402
 import http1  # noqa: E402
 import provenance  # noqa: E402
-from harness import Envoy, free_port, front_bootstrap, native_filter, upstream_bootstrap, wasm_filter  # noqa: E402
+from harness import Envoy, free_port, front_bootstrap, upstream_bootstrap  # noqa: E402
 
 MINIMAL = bench.ROOT / "bench/minimal/target/wasm32-wasip1/release/minimal.wasm"
 
@@ -134,10 +134,8 @@ def main():
     for vname, wasm in variants:
         size = Path(wasm).stat().st_size
         tag = f"{vname}, {size:,} bytes"
-        filt = ((lambda cfg, path=wasm: native_filter(cfg, lib=path)) if str(wasm).endswith(".so")
-                else (lambda cfg, path=wasm: wasm_filter(cfg, wasm=path)))
-        scenarios.append((f"empty-{vname}", f"sluice, config {{}} ({tag})", vname, [filt({})]))
-        scenarios.append((f"demo-{vname}", f"sluice, the demo rule ({tag})", vname, [filt(DEMO)]))
+        scenarios.append((f"empty-{vname}", f"sluice, config {{}} ({tag})", vname, [bench.sluice_filter({}, wasm)]))
+        scenarios.append((f"demo-{vname}", f"sluice, the demo rule ({tag})", vname, [bench.sluice_filter(DEMO, wasm)]))
     started = time.time()
     results = {sid: [] for sid, *_ in scenarios}
     with tempfile.TemporaryDirectory(prefix="sluice-mem-"):
