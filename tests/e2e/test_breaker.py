@@ -153,22 +153,28 @@ def test_slow_calls_trip_the_breaker_before_they_are_answered():
     cfg = {"circuit_breakers": [breaker(min_requests=3, failure={"slow_call": "100ms"},
                                         open={"base": "5s", "max": "5s"})]}
     with Stack(cfg) as s:
-        hang = {"x-envoy-fault-delay-request": "3000"}
-        threads = [threading.Thread(target=http1.get, args=(s.port, "/"), kwargs={"headers": hang})
-                   for _ in range(3)]
-        t0 = time.time()
+        hang = {"x-envoy-fault-delay-request": "4000"}
+        answered = []
+
+        def hanging_call():
+            r = http1.get(s.port, "/", headers=hang)
+            answered.append((time.time(), r.status))
+
+        threads = [threading.Thread(target=hanging_call) for _ in range(3)]
         for t in threads:
             t.start()
-        # Within a tick or two of 100 ms, every worker knows (no request in
-        # between: successes would dilute the error rate).
-        time_passes(0.6)  # the calls become slow (100 ms), counted on the next tick or two
+        # The calls become slow at 100 ms and are counted on the next tick or
+        # two; no request in between (a success would dilute the error rate).
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
+        assert answered == [], "the breaker opened only after the hanging calls were answered"
+        settle(SHARED_STATE_S)  # every worker has read the open state
         r = http1.get(s.port)
-        assert time.time() - t0 < 1.5
         assert (r.status, r.header("x-sluice-circuit")) == (503, "open"), (r.status, r.headers)
+        assert answered == []
         for t in threads:
             t.join(timeout=10)
-        # An answered but slow call counts too; a fast one is a success.
-        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
+        # The hanging calls themselves were let through before the breaker opened.
+        assert sorted(st for _, st in answered) == [200] * 3, answered
 
 
 def test_slow_call_times_the_upstream_not_a_wait_in_a_later_shedder():
