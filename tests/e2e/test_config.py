@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ENVOY, ROOT, next_base_id, validate
+from ecds import EcdsStack
+from harness import CONFIG_APPLIED_S, ENVOY, ROOT, next_base_id, validate, wait_until
 
 BUCKET = '"bucket":{"rate":1,"period":"1s"}'
 
@@ -53,16 +54,68 @@ BAD = [
 ]
 
 
+GOOD = {"rate_limits": [{"name": "a", "key": ["client_address"], "bucket": {"rate": 5, "period": "1s"}}]}
+
+
+class Updates:
+    """One Envoy whose sluice filter comes from ECDS, taking one
+    configuration after another: a refused update leaves the last good one
+    in place, so each case is checked against the same running Envoy (a
+    start per case costs the module's compilation)."""
+
+    def __init__(self, stack):
+        self.s = stack
+
+    def push(self, config):
+        """Pushes `config`; returns (accepted, the front Envoy's log from the push on)."""
+        offset = len(self.s.front.logs())
+        counts = (self.s.ecds_stat("update_success"), self.s.ecds_stat("update_rejected"))
+        self.s.push(config)
+        now = []
+
+        def answered():
+            now[:] = [self.s.ecds_stat("update_success"), self.s.ecds_stat("update_rejected")]
+            return tuple(now) != counts
+
+        wait_until(answered, CONFIG_APPLIED_S, lambda: f"the update applied or rejected (counts {counts} -> {now})")
+        assert now[0] - counts[0] + now[1] - counts[1] == 1, (counts, now)
+        return now[0] > counts[0], self.s.front.logs()[offset:]
+
+    def refused(self, config, message):
+        offset = len(self.s.front.logs())
+        ok, out = self.push(config)
+        assert not ok, out[-2000:]
+        since = lambda: self.s.front.logs()[offset:]  # noqa: E731
+        # The log line may land just after the count.
+        wait_until(lambda: message in since(), 2, lambda: f"{message!r} in the log:\n{since()[-3000:]}")
+        assert "panicked" not in since()
+
+
+@pytest.fixture(scope="module")
+def updates():
+    with EcdsStack(GOOD) as s:
+        yield Updates(s)
+
+
 @pytest.mark.parametrize("config,message", BAD)
-def test_bad_configuration_is_refused_with_field_and_problem(config, message):
-    ok, out = validate(config)
-    assert not ok, out[-2000:]
-    assert message in out, out[-3000:]
-    assert "panicked" not in out
+def test_bad_configuration_is_refused_with_field_and_problem(updates, config, message):
+    updates.refused(config, message)
 
 
-def test_good_configuration_is_accepted():
-    ok, out = validate({"rate_limits": [{"name": "a", "key": ["client_address"], "bucket": {"rate": 5, "period": "1s"}}]})
+def test_bad_configuration_at_start_is_refused_with_field_and_problem():
+    """The same check when Envoy starts (`--mode validate` runs the VM and
+    the configuration as a start does): Envoy refuses to start."""
+    for config, message in (BAD[0], BAD[7]):
+        ok, out = validate(config)
+        assert not ok, out[-2000:]
+        assert message in out, out[-3000:]
+        assert "panicked" not in out
+
+
+def test_good_configuration_is_accepted(updates):
+    ok, out = updates.push(GOOD)
+    assert ok, out[-3000:]
+    ok, out = validate(GOOD)
     assert ok, out[-3000:]
     assert "configured 1 rate-limit rule(s)" in out
 
@@ -96,14 +149,14 @@ def test_the_built_module_exports_no_unused_callbacks():
         assert needed in data
 
 
-def test_documented_ranges_are_the_real_ones():
+def test_documented_ranges_are_the_real_ones(updates):
     # Any rate up to 4,294,967,295 with any period; protobuf-style durations.
     for bucket in ({"rate": 4294967295, "period": "1s"}, {"rate": 4294967295, "period": "1ms"},
                    {"rate": 10, "period": "0.25s", "burst": 3}, {"rate": 1, "period": "1.5m"}):
-        ok, out = validate({"rate_limits": [{"name": "a", "bucket": bucket}]})
+        ok, out = updates.push({"rate_limits": [{"name": "a", "bucket": bucket}]})
         assert ok, (bucket, out[-2000:])
-    ok, out = validate({"rate_limits": [{"name": "a", "bucket": {"rate": 1, "period": "1h", "burst": 2000000}}]})
-    assert not ok and "rate_limits[0].bucket: burst x period / rate (the time to refill a full bucket) must be at most 146 years" in out, out[-2000:]
+    updates.refused({"rate_limits": [{"name": "a", "bucket": {"rate": 1, "period": "1h", "burst": 2000000}}]},
+                    "rate_limits[0].bucket: burst x period / rate (the time to refill a full bucket) must be at most 146 years")
 
 
 def test_a_cost_of_twenty_digits_is_clamped_to_the_maximum():
