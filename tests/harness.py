@@ -309,10 +309,16 @@ class Envoy:
         self.stop_s = stop_s
         self.admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
         self.proc = None
+        self.log = None
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-envoy-")
         self.log_path = Path(self.dir.name) / "envoy.log"
 
     def __enter__(self):
+        self.start()
+        return self.ready()
+
+    def start(self):
+        """Starts the process without waiting for it (see `ready`)."""
         cfg = Path(self.dir.name) / "envoy.json"
         cfg.write_text(json.dumps(self.bootstrap))
         self.log = open(self.log_path, "w")
@@ -321,14 +327,24 @@ class Envoy:
              "-l", self.log_level, "--disable-hot-restart"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
+
+    def ready(self):
+        """Waits until the started Envoy is ready; stops it and raises if it
+        is not within `ready_s`."""
         if wait_ready(self.proc, f"http://127.0.0.1:{self.admin_port}/ready", self.ready_s, "envoy", self.logs):
             return self
         self.__exit__()
         raise RuntimeError("envoy did not become ready")
 
+    def terminate(self):
+        """Asks the process to stop without waiting (see `__exit__`)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+
     def __exit__(self, *exc):
         stop_child(self.proc, self.stop_s)
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
         self.dir.cleanup()
 
     def logs(self):
@@ -388,33 +404,37 @@ class Envoy:
 
 
 class Pair:
-    """Starts `self.upstream` then `self.front` (both `Envoy`; the upstream
-    may be None when the caller runs its own) and stops them in reverse
-    order; `cleanup()` runs after both are stopped, or if the front fails to
-    start."""
+    """Starts `self.upstream` and `self.front` (both `Envoy`; the upstream
+    may be None when the caller runs its own) side by side, returns once both
+    are ready, and stops them together; `cleanup()` runs after both are
+    stopped, or if either fails to start."""
 
     def cleanup(self):
         pass
 
-    def _stop_upstream(self):
-        if self.upstream is not None:
-            self.upstream.__exit__()
+    def _envoys(self):
+        return [e for e in (self.front, self.upstream) if e is not None]
+
+    def _stop(self):
+        for e in self._envoys():
+            e.terminate()
+        for e in self._envoys():
+            e.__exit__()
+        self.cleanup()
 
     def __enter__(self):
-        if self.upstream is not None:
-            self.upstream.__enter__()
         try:
-            self.front.__enter__()
+            for e in reversed(self._envoys()):
+                e.start()
+            for e in reversed(self._envoys()):
+                e.ready()
         except Exception:
-            self._stop_upstream()
-            self.cleanup()
+            self._stop()
             raise
         return self
 
     def __exit__(self, *exc):
-        self.front.__exit__()
-        self._stop_upstream()
-        self.cleanup()
+        self._stop()
 
 
 class Stack(Pair):
