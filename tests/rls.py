@@ -191,7 +191,7 @@ def header_action(header, key):
     return {"request_headers": {"header_name": header, "descriptor_key": key}}
 
 
-def wait_out_window_edge(unit_s=60, margin_s=10):
+def wait_out_window_edge(unit_s=60, margin_s=5):
     """Sleeps past the next window boundary if fewer than `margin_s` seconds
     of the current fixed window are left, so that the requests of a short
     test (call it once everything has started) stay in one window."""

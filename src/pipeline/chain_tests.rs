@@ -268,7 +268,7 @@ fn life(seed: u64) {
 
 #[test]
 fn three_chained_shedders_never_exceed_a_limit_nor_leak() {
-    for seed in 0..300 {
+    for seed in 0..crate::test_seeds(300) {
         life(seed);
     }
 }

@@ -161,11 +161,13 @@ def test_slow_calls_trip_the_breaker_before_they_are_answered():
             answered.append((time.time(), r.status))
 
         threads = [threading.Thread(target=hanging_call) for _ in range(3)]
+        t0 = time.time()
         for t in threads:
             t.start()
         # The calls become slow at 100 ms and are counted on the next tick or
         # two; no request in between (a success would dilute the error rate).
         s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
+        assert time.time() - t0 < 1.5
         assert answered == [], "the breaker opened only after the hanging calls were answered"
         settle(SHARED_STATE_S)  # every worker has read the open state
         r = http1.get(s.port)

@@ -636,7 +636,7 @@ fn property_over_many_seeds_no_noisy_upstream_is_left_mostly_idle() {
     let (mut low, mut cases, mut used_sum) = (Vec::new(), 0, 0.0);
     for seed in [1, 2, 3, 4, 5, 6, 9] {
         let mut rng = crate::rng::SplitMix(seed);
-        for case in 0..150 {
+        for case in 0..crate::test_seeds(150) {
             let (up, _, used, median) = random_case(&mut rng, case);
             assert!(median <= up.capacity * 3 + 2, "seed {seed} case {case}");
             cases += 1;
