@@ -43,12 +43,11 @@ async function sharded(n) {
     return listed;
   }
   const names = list.split("\n").filter((l) => l.endsWith(": test")).map((l) => l.slice(0, -": test".length));
-  // Small groups taken from a queue by N runs at a time: a group of slow
-  // tests then delays only the run that took it (starting a run costs
-  // about half a second).
-  const size = Math.max(1, Math.ceil(names.length / (n * PER_RUN)));
-  const groups = [];
-  for (let k = 0; k < names.length; k += size) groups.push(names.slice(k, k + size));
+  // Small groups taken from a queue by N runs at a time (starting a run
+  // costs about half a second), the tests dealt to them in turn: a
+  // module's slow tests, listed together, land in different groups.
+  const count = Math.min(names.length, n * PER_RUN);
+  const groups = Array.from({ length: count }, (_, g) => names.filter((_, k) => k % count === g));
   let status = 0;
   const worker = async () => {
     for (let g = groups.shift(); g; g = groups.shift()) {
