@@ -89,14 +89,15 @@ run-container: build $(ENVOY) container-deps
 	$(PY) scripts/container.py run --port $(PORT) --admin-port $(ADMIN_PORT) \
 	  --upstream-port $(UPSTREAM_PORT) --upstream-admin-port $(UPSTREAM_ADMIN_PORT)
 
-# Every test. The compiling and unit-testing part runs in two lanes, each
-# with its own target directory (the filter's; rls/'s): one lane's
-# single-threaded stretches (a crate's front end, a test binary's tail)
-# leave a core to the other. What starts Envoys runs after both, alone.
-# Each lane runs its steps one after another.
-.PHONY: test-units
+# Every test. The compiling and unit-testing part runs in two lanes: one
+# lane's single-threaded stretches (a crate's front end, a test binary's
+# tail) leave a core to the other. Cargo locks a target directory only
+# while it compiles, so the second lane's release build fits between the
+# first lane's compiles. What starts Envoys runs after both, alone. Each
+# lane runs its steps one after another.
+.PHONY: test-units test-rls-and-build
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-units test-rls
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-units test-rls-and-build
 	$(MAKE) --no-print-directory test-host
 	$(MAKE) --no-print-directory test-native
 	$(MAKE) --no-print-directory test-e2e
@@ -106,6 +107,9 @@ test-units:
 	$(MAKE) --no-print-directory test-core
 	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-wasm32
+
+test-rls-and-build:
+	$(MAKE) --no-print-directory test-rls
 	$(MAKE) --no-print-directory build
 
 test-core:
