@@ -91,10 +91,11 @@ run-container: build $(ENVOY) container-deps
 
 # Every test. The compiling and unit-testing part runs in two lanes: one
 # lane's single-threaded stretches (a crate's front end, a test binary's
-# tail) leave a core to the other. Cargo locks a target directory only
-# while it compiles, so the second lane's release build fits between the
-# first lane's compiles. What starts Envoys runs after both, alone. Each
-# lane runs its steps one after another.
+# tail) leave a core to the other. Cargo locks each profile's directory
+# (target/debug, target/wasm32-wasip1/release, ...), and rls/ has its own,
+# so the second lane compiles beside the first lane's debug builds. What
+# starts Envoys runs after both, alone. Each lane runs its steps one after
+# another.
 .PHONY: test-units test-rls-and-build
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-units test-rls-and-build
