@@ -123,7 +123,6 @@ test-core:
 .PHONY: test-fuzz fuzz
 test-fuzz:
 	cd fuzz && cargo fmt --check
-	$(NEW_LINT) fuzz/src/lib.rs
 	cd fuzz && $(LINTED) cargo test --locked --target-dir ../target
 
 # Coverage-guided fuzzing (fuzz/README.md): each target under cargo-fuzz
@@ -189,7 +188,6 @@ rls:
 
 test-rls:
 	cd rls && cargo fmt --check
-	$(NEW_LINT) rls/src/main.rs
 	cd rls && $(LINTED) cargo build --locked
 	cd rls && $(LINTED) cargo test --locked
 
@@ -224,10 +222,11 @@ container-deps:
 # targets compile each crate with clippy-driver as the compiler (LINTED,
 # scripts/clippy-rustc; what `cargo clippy` runs, but making the real
 # build), so that a crate's dependencies compile once for its lints and its
-# tests. Cargo does not rebuild a crate for a changed compiler wrapper, so
-# each crate's root is touched before its first linted build (NEW_LINT): a
-# crate built plainly before would otherwise be taken as it is, unlinted.
-# A plain `make build` is not linted: a new toolchain's lints never break it.
+# tests. Cargo keeps one build of a cdylib crate (the filter, the native
+# build) whatever the compiler wrapper, so one built plainly before (`cargo
+# test`, `cargo build`) would be taken as it is, unlinted: their roots are
+# touched before their first linted build (NEW_LINT). A plain `make build`
+# is not linted: a new toolchain's lints never break it.
 LINTED := RUSTC_WORKSPACE_WRAPPER=$(CURDIR)/scripts/clippy-rustc
 NEW_LINT := touch
 

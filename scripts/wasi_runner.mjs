@@ -9,7 +9,7 @@
 // the core's tests never reach the host adapter.
 //
 // With WASI_SHARDS=N (N > 1) and no test named on the command line, the
-// tests are listed, cut into groups in their order, and the groups run by
+// tests are listed, dealt to groups in turn, and the groups run by
 // N runs of this runner at a time (a wasm32 test binary runs its tests on
 // one thread), each group's output printed when it ends; the status is
 // non-zero if any group's is.

@@ -113,7 +113,7 @@ def test_bad_configuration_at_start_is_refused_with_field_and_problem():
 
 
 def test_good_configuration_is_accepted(updates):
-    ok, out = updates.push(GOOD)
+    ok, out = updates.push(dict(GOOD, retry_budgets=[{"name": "r", "ratio": 0.2}]))
     assert ok, out[-3000:]
     ok, out = validate(GOOD)
     assert ok, out[-3000:]
