@@ -224,7 +224,7 @@ container-deps:
 # build), so that a crate's dependencies compile once for its lints and its
 # tests. Cargo keeps one build of a cdylib crate (the filter, the native
 # build) whatever the compiler wrapper, so one built plainly before (`cargo
-# test`, `cargo build`) would be taken as it is, unlinted: their roots are
+# build`) would be taken as it is, unlinted: their roots are
 # touched before their first linted build (NEW_LINT). A plain `make build`
 # is not linted: a new toolchain's lints never break it.
 LINTED := RUSTC_WORKSPACE_WRAPPER=$(CURDIR)/scripts/clippy-rustc
