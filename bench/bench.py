@@ -66,16 +66,10 @@ TENANT_HEADER = ("x-tenant", "bench")
 SAME_HEADERS = {"ratelimit_headers": "legacy", "headers_on_allowed": True}
 
 
-def is_native_build(path):
-    """Whether a build to compare is the native one (native/README.md: a
-    dynamic module, `.so`) rather than a `.wasm`."""
-    return str(path).endswith(".so")
-
-
 def sluice_filter(cfg, path):
     """sluice with configuration `cfg` from the build at `path`: the wasm
     filter, or the native build's dynamic-module filter."""
-    return native_filter(cfg, lib=path) if is_native_build(path) else wasm_filter(cfg, wasm=path)
+    return native_filter(cfg, lib=path) if provenance.is_native_build(path) else wasm_filter(cfg, wasm=path)
 
 
 def parse_variants(specs):

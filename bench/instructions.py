@@ -258,11 +258,11 @@ def main():
                     continue
                 sluice = kind.startswith("sluice")
                 for vname, wasm in (variants if sluice else [("-", None)]):
-                    if kind == "sluice_global" and bench.is_native_build(wasm):
+                    if kind == "sluice_global" and provenance.is_native_build(wasm):
                         continue
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
-                              expect_jit=sluice and not bench.is_native_build(wasm), status=status,
+                              expect_jit=sluice and not provenance.is_native_build(wasm), status=status,
                               rls_port=rls.port if kind == "sluice_global" else None, hold=kind == "sluice_hold")
                     r.update(scenario=sid, label=label, variant=vname)
                     rows.append(r)

@@ -8,10 +8,10 @@ same --concurrency.
     python bench/memory.py                                  # the built sluice.wasm
     python bench/memory.py a=old.wasm b=new.wasm            # builds side by side
     python bench/memory.py wasm=sluice.wasm native=libsluice_native.so --concurrency 8
+    python bench/memory.py --concurrency 4 --rounds 5
 
 A build ending in `.so` is the native build (native/README.md), loaded as
 an Envoy dynamic module with the same configuration.
-    python bench/memory.py --concurrency 4 --rounds 5
 
 Each round starts a fresh front Envoy per scenario (interleaved), sends
 REQUESTS requests over CONNECTIONS keep-alive connections (so every worker

@@ -34,6 +34,12 @@ def crate_version():
     return v.group(1) if v else None
 
 
+def is_native_build(path):
+    """Whether a build measured is the native one (native/README.md: a
+    dynamic module, `.so`) rather than a `.wasm`."""
+    return str(path).endswith(".so")
+
+
 _BUILDS = {}
 
 

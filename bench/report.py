@@ -275,7 +275,7 @@ def native_memory_rows(t):
     for d in runs:
         over = {x["scenario"]: x["over_none_mb"] for x in d["rows"]}
         for name, path in d.get("variants", []):
-            kind = "native" if is_native(path) else "wasm"
+            kind = "native" if provenance.is_native_build(path) else "wasm"
             for sc in ("empty", "demo"):
                 cells.setdefault((kind, sc), []).append(over.get(f"{sc}-{name}"))
     mine = [cells.get(("native", sc)) for sc in ("empty", "demo")]
@@ -285,7 +285,7 @@ def native_memory_rows(t):
     fmt = lambda vs: " / ".join(f"{x:+.1f}" for x in vs)  # noqa: E731
     beside = ("wasm build " + "; ".join(fmt(v) for v in wasm) + " MB"
               if all(v and None not in v and len(v) == 2 for v in wasm) else "-")
-    native = next((v[0] for v in runs[-1].get("variants", []) if is_native(v[1])), None)
+    native = next((v[0] for v in runs[-1].get("variants", []) if provenance.is_native_build(v[1])), None)
     t.add("memory-native-c8", "native build: RSS over no filter, c2 / c8: `{}`; demo rule",
           "; ".join(fmt(v) for v in mine) + " MB", beside, f"≤ +{NATIVE_RSS_OVER_NONE_MAX_MB:.0f} MB",
           "; ".join(yes(max(v) <= NATIVE_RSS_OVER_NONE_MAX_MB) for v in mine), runs[-1], native)
@@ -363,12 +363,6 @@ NATIVE_ALL_ADDED_MAX = 2.0
 NATIVE_REFUSAL_MAX = 1.05
 
 
-def is_native(path):
-    """Whether a build a result compared is the native one (its `.so`), as
-    bench/bench.py's is_native_build says."""
-    return str(path).endswith(".so")
-
-
 def native_build_rows(t):
     """bench/instructions.py with the wasm build and the native build side
     by side (`instructions-native`): the native build's rows, the wasm
@@ -377,8 +371,8 @@ def native_build_rows(t):
     if not d:
         return
     builds = {v[0]: v[1] for v in d.get("variants", [])}
-    native = next((k for k, path in builds.items() if is_native(path)), None)
-    wasm = next((k for k, path in builds.items() if not is_native(path)), None)
+    native = next((k for k, path in builds.items() if provenance.is_native_build(path)), None)
+    wasm = next((k for k, path in builds.items() if not provenance.is_native_build(path)), None)
     r = {(x["scenario"], x["variant"]): x["instructions_per_request"] for x in d.get("rows", [])}
     none, nat = r.get(("none", "-")), r.get(("native", "-"))
     if native is None or none is None or nat is None or nat <= none:
