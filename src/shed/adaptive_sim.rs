@@ -70,6 +70,10 @@ pub struct Des {
     /// `reset_stats`).
     pub longest_at_min_ms: u64,
     at_min_ms: u64,
+    /// The same for the limit at or under half the upstream's slots (most
+    /// of them idle).
+    pub longest_low_ms: u64,
+    low_ms: u64,
     starve: Option<(Starve, SplitMix)>,
     /// Per worker: stalled until (ms), a tick missed meanwhile, and the
     /// (admission, worker) of responses waiting for it.
@@ -106,6 +110,8 @@ impl Des {
             waits: Vec::new(),
             longest_at_min_ms: 0,
             at_min_ms: 0,
+            longest_low_ms: 0,
+            low_ms: 0,
             starve: None,
             stalled_until: vec![0; ticks.len()],
             missed: vec![false; ticks.len()],
@@ -203,6 +209,12 @@ impl Des {
                 self.longest_at_min_ms = self.longest_at_min_ms.max(self.at_min_ms);
             } else {
                 self.at_min_ms = 0;
+            }
+            if self.auto.limit() * 2 <= self.cap && self.cap > min {
+                self.low_ms += 1;
+                self.longest_low_ms = self.longest_low_ms.max(self.low_ms);
+            } else {
+                self.low_ms = 0;
             }
             if now_ms % 100 == 0 {
                 out.push(self.auto.limit());

@@ -72,13 +72,19 @@ impl Auto {
         // to 111 ms 42% used: its shrinks of 10 to 13% never counted).
         // Counted up, and down by a growth (noise lets one through now and
         // then). Not within a window of a measurement that left the floor
-        // at the lowest latency (a real queue held the limit), nor within
-        // a quarter window of one that measured it (it may have come out
-        // low).
+        // at the lowest latency (a real queue held the limit), unless the
+        // limit has since fallen to half of the one given back then (no
+        // longer held by that queue: the upstream changed; its noise
+        // starting, 12 slots of 20 ms becoming 20 to 45 ms, held the limit
+        // at 3 for 3 to 4 s in Envoy); nor within a quarter window of one
+        // that measured it (it may have come out low).
         let since = now_ms.saturating_sub(self.floor_cal_ms);
         let may_measure = match self.floor_cal {
             None => true,
-            Some(Measured::NothingLearned) => since >= spec.floor_window_ms,
+            Some(Measured::NothingLearned) => {
+                since >= spec.floor_window_ms
+                    || self.limit_milli.saturating_mul(2) <= self.before_measure_milli
+            }
             Some(Measured::FloorUs(_)) => since >= spec.floor_window_ms / 4,
         };
         self.stuck_run = if !may_measure {

@@ -37,4 +37,4 @@ pub use floor::CAL_SAMPLES;
 pub(crate) use gradient::STUCK_RUN;
 pub use samples::Samples;
 pub use spec::AdaptiveSpec;
-pub use state::Auto;
+pub use state::{Auto, Measured};
