@@ -89,11 +89,15 @@ impl Auto {
     /// half a second (with the time for the held limit to reach every
     /// worker), not the second or more that 50 responses of 2 slots take.
     /// Then it steps up at once, as a growth by a gradient of `tolerance`
-    /// would, if the floor is learned or the responses at `min` came
-    /// within the tolerance of the lowest latency (nothing queues at
-    /// `min`): left at `min` for another interval, the few responses of it
-    /// (5 to 8 of 2 slots of 10 to 50 ms) looked queued half of the time,
-    /// and the floor was measured again.
+    /// would, if the floor is learned: left at `min` for another interval,
+    /// the few responses of it (5 to 8 of 2 slots of 10 to 50 ms) looked
+    /// queued half of the time, and the floor was measured again. If
+    /// nothing was learned but nothing queues at `min` either (the
+    /// responses came within the tolerance of the lowest latency), it
+    /// steps to one over `min`, the spare a shrink keeps, and the next
+    /// interval's step is skipped: its responses were let in at `min`, and
+    /// grown on them an upstream of exactly `min` slots saw the limit go
+    /// from 2 to 7 and back every second, a queue of 1.25 at it.
     ///
     /// [`Samples::add_measured`]: super::samples::Samples::add_measured
     pub(super) fn measure(&mut self, spec: &AdaptiveSpec, held: u64, now_ms: u64) {
@@ -121,8 +125,14 @@ impl Auto {
         }
         let learned = avg.filter(|&a| self.teaches(spec, held, low, a));
         let no_queue = avg.is_some_and(|a| low.is_none_or(|l| within_tolerance(spec, l, a)));
-        if at_min && (learned.is_some() || no_queue) {
+        if at_min && learned.is_some() {
             self.limit_milli = lifted(spec, held);
+        } else if at_min && no_queue {
+            self.limit_milli = held
+                .saturating_add(1)
+                .min(u64::from(spec.max))
+                .saturating_mul(1000);
+            self.quiet = 1;
         } else if learned.is_none() {
             self.limit_milli = self.before_measure_milli;
             self.quiet = 1;

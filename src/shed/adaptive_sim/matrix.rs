@@ -217,3 +217,21 @@ fn noise_that_starts_after_a_measurement_found_nothing_is_measured_within_two_se
         );
     }
 }
+
+/// An upstream of exactly `min` slots (2 of 20 ms): the limit keeps the
+/// one spare over it a shrink keeps. Stepped up to `min × tolerance +
+/// √min` after a measurement at `min` that found no queue, then grown on
+/// the responses let in at `min`, it went from 2 to 7 and back every
+/// second, with a queue of 1.25 at the upstream.
+#[test]
+fn an_upstream_of_exactly_min_slots_keeps_one_spare_without_cycling() {
+    for seed in 1..=6 {
+        let mut d = Des::new(spec(), 2, STEADY, &[1, 100], seed);
+        d.run(20_000);
+        d.reset_stats();
+        let limits = d.run(20_000);
+        let what = format!("seed {seed}: {limits:?}, queue {:.2}", d.queued());
+        assert!(limits.iter().all(|l| (2..=3).contains(l)), "{what}");
+        assert!(d.used() > 0.95 && d.queued() < 1.1, "{what}");
+    }
+}
