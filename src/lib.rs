@@ -51,6 +51,7 @@ pub mod request;
 pub mod retry;
 pub mod rng;
 pub mod shed;
+pub mod small;
 pub mod sort;
 pub mod store;
 pub mod time;

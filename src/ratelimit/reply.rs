@@ -205,7 +205,7 @@ mod tests {
                 rule: 0,
                 wait_ns: 2_500_000_000,
             },
-            reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)],
+            reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)].into(),
             delay_ns: 0,
             reservations: Vec::new(),
             global_keys: Vec::new(),
@@ -237,7 +237,7 @@ mod tests {
     fn allowed_requests_carry_headers_only_when_configured_and_in_the_chosen_style() {
         let eval = Evaluation {
             verdict: LimitVerdict::Allow,
-            reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
+            reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)].into(),
             delay_ns: 0,
             reservations: Vec::new(),
             global_keys: Vec::new(),
