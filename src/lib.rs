@@ -42,6 +42,7 @@ pub mod config;
 pub mod deadline;
 pub mod duration;
 pub mod hash;
+pub mod header;
 pub mod keys;
 pub mod matcher;
 pub mod pipeline;

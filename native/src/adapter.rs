@@ -8,6 +8,7 @@
 //! `reply::Rejection`.
 
 use crate::store;
+use sluice::header::Headers;
 use sluice::pipeline::stage::StreamId;
 use sluice::pipeline::telemetry::{MetricDef, MetricId, Sink};
 use sluice::pipeline::{Env, Pipeline};
@@ -128,7 +129,7 @@ impl Engine {
         m: &mut dyn Sink,
         id: u32,
         resp: &dyn ResponseView,
-    ) -> (Vec<(&'static str, String)>, Outcome) {
+    ) -> (Headers, Outcome) {
         with_env(m, |env| self.pipeline.response(env, StreamId(id), resp))
     }
 

@@ -135,8 +135,8 @@ impl Filter {
             return abi::CONTINUE;
         };
         self.carry_out(w, out);
-        for (name, value) in headers {
-            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, &value);
+        for (name, value) in headers.iter() {
+            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, value.as_bytes());
         }
         abi::CONTINUE
     }

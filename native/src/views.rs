@@ -77,14 +77,14 @@ impl ResponseView for HostResponse {
 
 /// Adds a header to a map of the stream (appended, as the wasm build does:
 /// no search for an existing one).
-pub fn add_header(filter: FilterPtr, map: u32, name: &str, value: &str) {
+pub fn add_header(filter: FilterPtr, map: u32, name: &str, value: &[u8]) {
     // SAFETY: as in `header`; both buffers live for the call.
     unsafe {
         abi::envoy_dynamic_module_callback_http_add_header(
             filter,
             map,
             Buffer::of(name.as_bytes()),
-            Buffer::of(value.as_bytes()),
+            Buffer::of(value),
         );
     }
 }

@@ -30,6 +30,7 @@ pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
 use crate::config::ResponseSpec;
 use crate::hash::FastMap;
+use crate::header::Headers;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use crate::time::{Duration, Instant};
@@ -271,9 +272,9 @@ impl Pipeline {
         env: &mut Env<'_>,
         id: StreamId,
         resp: &dyn ResponseView,
-    ) -> (Vec<(&'static str, String)>, Outcome) {
+    ) -> (Headers, Outcome) {
         let Some(mut stream) = self.streams.remove(&id) else {
-            return (Vec::new(), Outcome::default());
+            return (Headers::new(), Outcome::default());
         };
         let headers = std::mem::take(&mut stream.response_headers);
         if stream.holds == 0 {
