@@ -1,15 +1,25 @@
 //! The current request and response, read through Envoy's callbacks.
 
 use crate::abi::{self, Buffer, FilterPtr};
-use sluice::request::{Attribute, RequestView, ResponseView};
+use sluice::request::{Attribute, RequestView, ResponseView, UPSTREAM_MARK};
 
 /// The first value of header `name` of `map` (`abi::REQUEST_HEADERS`...).
 pub fn header(filter: FilterPtr, map: u32, name: &str) -> Option<Vec<u8>> {
+    header_with(filter, map, name, <[u8]>::to_vec)
+}
+
+/// `f` of the first value of header `name` of `map`, read in place.
+pub fn header_with<R>(
+    filter: FilterPtr,
+    map: u32,
+    name: &str,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Option<R> {
     let mut value = Buffer::EMPTY;
     // SAFETY: `filter` is the stream's live Envoy filter (the hook's
     // argument, or a paused stream's, kept until its end); the key lives
     // for the call; Envoy's value is valid until the headers change, and
-    // is copied at once.
+    // is used before this returns.
     unsafe {
         if !abi::envoy_dynamic_module_callback_http_get_header(
             filter,
@@ -21,7 +31,7 @@ pub fn header(filter: FilterPtr, map: u32, name: &str) -> Option<Vec<u8>> {
         ) {
             return None;
         }
-        value.to_vec()
+        value.as_slice().map(f)
     }
 }
 
@@ -62,8 +72,9 @@ pub struct HostResponse(pub FilterPtr);
 
 impl ResponseView for HostResponse {
     fn status(&self) -> Option<u32> {
-        let v = self.header(":status")?;
-        std::str::from_utf8(&v).ok()?.parse().ok()
+        header_with(self.0, abi::RESPONSE_HEADERS, ":status", |v| {
+            std::str::from_utf8(v).ok()?.parse().ok()
+        })?
     }
 
     fn code_details(&self) -> Option<Vec<u8>> {
@@ -72,6 +83,12 @@ impl ResponseView for HostResponse {
 
     fn header(&self, name: &str) -> Option<Vec<u8>> {
         header(self.0, abi::RESPONSE_HEADERS, name)
+    }
+
+    /// Two reads in place (no copies).
+    fn status_and_upstream_mark(&self) -> (Option<u32>, bool) {
+        let marked = header_with(self.0, abi::RESPONSE_HEADERS, UPSTREAM_MARK, |_| ());
+        (self.status(), marked.is_some())
     }
 }
 
