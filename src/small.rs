@@ -59,6 +59,36 @@ impl<T: Default, const N: usize> Small<T, N> {
     }
 }
 
+impl<T, const N: usize> Small<T, N> {
+    /// Keeps the items `keep` approves of, in order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        if !self.spill.is_empty() {
+            self.spill.retain(keep);
+            self.len = self.spill.len();
+            return;
+        }
+        let mut kept = 0;
+        for i in 0..self.len {
+            if self.inline.get(i).is_some_and(&mut keep) {
+                self.inline.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+}
+
+impl<T, const N: usize> IntoIterator for Small<T, N> {
+    type Item = T;
+    type IntoIter =
+        std::iter::Chain<std::iter::Take<std::array::IntoIter<T, N>>, std::vec::IntoIter<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let inline = if self.spill.is_empty() { self.len } else { 0 };
+        self.inline.into_iter().take(inline).chain(self.spill)
+    }
+}
+
 impl<T: Default, const N: usize> Extend<T> for Small<T, N> {
     fn extend<I: IntoIterator<Item = T>>(&mut self, items: I) {
         for v in items {
@@ -153,6 +183,14 @@ mod tests {
             s.sort_unstable();
             v.sort_unstable();
             assert_eq!(&*s, &v[..]);
+            let odd = |x: &u32| x % 2 == 1;
+            s.retain(odd);
+            v.retain(odd);
+            assert_eq!(&*s, &v[..]);
+            assert_eq!(s.clone().into_iter().collect::<Vec<_>>(), v);
+            s.push(5);
+            v.push(5);
+            assert_eq!(s.into_iter().collect::<Vec<_>>(), v);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! (open, no probe left, graded breaking, the store down) gives back what
 //! the request claimed at the other breakers.
 
-use super::{Breakers, CallOutcome, Check, Event, Ticket};
+use super::{Breakers, CallOutcome, Check, Event, Ticket, Tickets};
 use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase};
 use crate::hash::Keyed;
 use crate::request::{Attribute, RequestView};
@@ -60,7 +60,7 @@ impl Breakers {
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
     ) -> (Check, u32) {
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::new();
         let mut failures = 0;
         for b in 0..self.rules.len() {
             let Some(rule) = self.rules.get(b) else {
@@ -117,7 +117,7 @@ impl Breakers {
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        tickets: Vec<Ticket>,
+        tickets: Tickets,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
     ) -> u32 {
