@@ -37,15 +37,29 @@ pub fn header_with<R>(
 
 /// A string attribute of the stream (`abi::ATTR_*`).
 fn attribute(filter: FilterPtr, id: u32) -> Option<Vec<u8>> {
+    attribute_with(filter, id, <[u8]>::to_vec)
+}
+
+/// `f` of a string attribute of the stream, read in place.
+fn attribute_with<R>(filter: FilterPtr, id: u32, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
     let mut value = Buffer::EMPTY;
-    // SAFETY: as in `header`.
+    // SAFETY: as in `header_with`.
     unsafe {
         if !abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
             filter, id, &mut value,
         ) {
             return None;
         }
-        value.to_vec()
+        value.as_slice().map(f)
+    }
+}
+
+/// Envoy's attribute of a request attribute.
+fn attribute_id(attr: Attribute) -> u32 {
+    match attr {
+        Attribute::ClientAddress => abi::ATTR_SOURCE_ADDRESS,
+        Attribute::RouteName => abi::ATTR_XDS_ROUTE_NAME,
+        Attribute::ClusterName => abi::ATTR_XDS_CLUSTER_NAME,
     }
 }
 
@@ -58,12 +72,19 @@ impl RequestView for HostRequest {
     }
 
     fn attribute(&self, attr: Attribute) -> Option<Vec<u8>> {
-        let id = match attr {
-            Attribute::ClientAddress => abi::ATTR_SOURCE_ADDRESS,
-            Attribute::RouteName => abi::ATTR_XDS_ROUTE_NAME,
-            Attribute::ClusterName => abi::ATTR_XDS_CLUSTER_NAME,
-        };
-        attribute(self.0, id)
+        attribute(self.0, attribute_id(attr))
+    }
+
+    fn header_with(&self, name: &str, f: &mut dyn FnMut(Option<&[u8]>)) {
+        if header_with(self.0, abi::REQUEST_HEADERS, name, |v| f(Some(v))).is_none() {
+            f(None);
+        }
+    }
+
+    fn attribute_with(&self, attr: Attribute, f: &mut dyn FnMut(Option<&[u8]>)) {
+        if attribute_with(self.0, attribute_id(attr), |v| f(Some(v))).is_none() {
+            f(None);
+        }
     }
 }
 

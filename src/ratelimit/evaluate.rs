@@ -57,13 +57,11 @@ impl Limiter {
             if !spec.matcher.matches(req) {
                 continue;
             }
-            let Some(placement) = place(
-                &spec.key,
-                spec.on_missing_key,
-                self.seed,
-                self.table_len(i),
-                req,
-            ) else {
+            let placement = rule.fixed.or_else(|| {
+                let len = self.table_len(i);
+                place(&spec.key, spec.on_missing_key, self.seed, len, req)
+            });
+            let Some(placement) = placement else {
                 continue;
             };
             if rule.global.is_some() {

@@ -139,6 +139,9 @@ pub struct Rule {
     pub prefix: String,
     /// The id of the table `prefix` names.
     pub table: u32,
+    /// Where its key lives if the key has no variable part (then it is the
+    /// same for every request).
+    pub fixed: Option<Placement>,
     /// A global rule's two tables: its pools, and its local backstop.
     pub global: Option<GlobalTables>,
 }

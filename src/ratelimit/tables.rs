@@ -87,6 +87,8 @@ impl Limiter {
                 }
             });
             rules.push(Rule {
+                // (A key without variable parts has one slot.)
+                fixed: crate::keys::fixed_placement(&spec.key, seed, 1),
                 prefix,
                 table,
                 spec: spec.clone(),
