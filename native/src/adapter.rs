@@ -16,18 +16,25 @@ use sluice::request::{RequestView, ResponseView};
 use sluice::time::Instant;
 use sluice::wiring::{self, Config};
 use std::cell::Cell;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use sluice::pipeline::{Effect, Outcome, Verdict};
 pub use sluice::reply::Rejection;
 
-/// Nanoseconds since the Unix epoch, from the system clock.
+/// Nanoseconds since the Unix epoch, from the system clock (0 before it),
+/// read directly: `SystemTime`'s checks cost ten times the read.
 pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
-        d.as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(d.subsec_nanos()))
-    })
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is ours to write; CLOCK_REALTIME always exists.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    let (Ok(s), Ok(ns)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec)) else {
+        return 0;
+    };
+    s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
 /// Now, as the core takes it.

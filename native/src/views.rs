@@ -1,7 +1,10 @@
 //! The current request and response, read through Envoy's callbacks.
 
 use crate::abi::{self, Buffer, FilterPtr};
-use sluice::request::{Attribute, RequestView, ResponseView, UPSTREAM_MARK};
+use sluice::request::{Attribute, RequestView, ResponseView};
+
+/// Envoy's response code details of a response from the upstream.
+const VIA_UPSTREAM: &[u8] = b"via_upstream";
 
 /// The first value of header `name` of `map` (`abi::REQUEST_HEADERS`...).
 pub fn header(filter: FilterPtr, map: u32, name: &str) -> Option<Vec<u8>> {
@@ -106,10 +109,22 @@ impl ResponseView for HostResponse {
         header(self.0, abi::RESPONSE_HEADERS, name)
     }
 
-    /// Two reads in place (no copies).
+    /// The status, and whether the response came from the upstream by
+    /// Envoy's response code details (`via_upstream`: the router sets them
+    /// when the upstream's headers arrive, before any response filter sees
+    /// them, as it adds its mark): read in place, an attribute costs a
+    /// fraction of a header looked up by name.
     fn status_and_upstream_mark(&self) -> (Option<u32>, bool) {
-        let marked = header_with(self.0, abi::RESPONSE_HEADERS, UPSTREAM_MARK, |_| ());
-        (self.status(), marked.is_some())
+        let mut value = Buffer::EMPTY;
+        // SAFETY: as in `attribute`; the buffer is read before this returns.
+        let via_upstream = unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.0,
+                abi::ATTR_RESPONSE_CODE_DETAILS,
+                &mut value,
+            ) && value.as_slice() == Some(VIA_UPSTREAM)
+        };
+        (self.status(), via_upstream)
     }
 }
 
