@@ -79,6 +79,25 @@ impl KeyPart {
         !matches!(self, KeyPart::Constant(_))
     }
 
+    /// `f` of the part's value in the request (`None`: missing), read in
+    /// place where the host can.
+    fn read_with(&self, req: &dyn RequestView, f: &mut dyn FnMut(Option<&[u8]>)) {
+        match self {
+            KeyPart::Header(name) => req.header_with(name, f),
+            KeyPart::Path => req.header_with(":path", &mut |p| {
+                f(p.map(normalize_path).as_deref());
+            }),
+            KeyPart::Method => req.header_with(":method", f),
+            KeyPart::Authority => req.header_with(":authority", f),
+            KeyPart::ClientAddress => req.attribute_with(Attribute::ClientAddress, &mut |a| {
+                f(a.map(strip_port));
+            }),
+            KeyPart::Route => req.attribute_with(Attribute::RouteName, f),
+            KeyPart::Cluster => req.attribute_with(Attribute::ClusterName, f),
+            KeyPart::Constant(c) => f(Some(c.as_bytes())),
+        }
+    }
+
     fn read(&self, req: &dyn RequestView) -> Option<Vec<u8>> {
         match self {
             KeyPart::Header(name) => req.header(name),
@@ -156,18 +175,41 @@ pub fn place(
     let mut h = Keyed::new(seed);
     for part in parts {
         h.write(&[part.tag()]);
-        match part.read(req) {
-            Some(value) => {
+        let mut found = false;
+        part.read_with(req, &mut |v| {
+            if let Some(value) = v {
+                found = true;
                 h.write(&[1]);
-                h.field(&value);
+                h.field(value);
             }
-            None => match on_missing {
+        });
+        if !found {
+            match on_missing {
                 MissingKey::Skip => return None,
                 MissingKey::Shared => h.write(&[0]),
-            },
+            }
         }
     }
     Some(placement(h.finish(), has_variable_parts(parts), table_size))
+}
+
+/// Where a key without variable parts lives (the same for every request:
+/// computed once), or `None` for a key with variable parts.
+pub fn fixed_placement(parts: &[KeyPart], seed: (u64, u64), table_size: u32) -> Option<Placement> {
+    /// A request with nothing in it: constant parts read none.
+    struct Nothing;
+    impl RequestView for Nothing {
+        fn header(&self, _name: &str) -> Option<Vec<u8>> {
+            None
+        }
+        fn attribute(&self, _attr: Attribute) -> Option<Vec<u8>> {
+            None
+        }
+    }
+    if has_variable_parts(parts) {
+        return None;
+    }
+    place(parts, MissingKey::Skip, seed, table_size, &Nothing)
 }
 
 /// Where a key of this hash lives: one slot for a key without variable
@@ -299,6 +341,25 @@ mod tests {
             &FakeRequest::new("GET", "/"),
         );
         assert_eq!(p.map(|p| p.count), Some(1));
+    }
+
+    /// A key without variable parts is placed once, where every request
+    /// would place it; a key with one is placed per request.
+    #[test]
+    fn a_fixed_placement_is_where_each_request_goes() {
+        let req = FakeRequest::new("GET", "/").with_header("x-tenant", b"a");
+        for parts in [vec![], vec![KeyPart::Constant("all".into())]] {
+            let fixed = fixed_placement(&parts, SEED, 1);
+            assert!(fixed.is_some());
+            for size in [1, 50] {
+                assert_eq!(fixed, place(&parts, MissingKey::Skip, SEED, size, &req));
+            }
+        }
+        let variable = [
+            KeyPart::Constant("c".into()),
+            KeyPart::Header("x-tenant".into()),
+        ];
+        assert_eq!(fixed_placement(&variable, SEED, 50), None);
     }
 
     #[test]

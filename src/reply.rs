@@ -173,7 +173,9 @@ pub fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(digits.get(start..).unwrap_or_default()).unwrap_or("0"));
+    // Digits: pushed as chars, with no UTF-8 check to pay for.
+    let digits = digits.get(start..).unwrap_or_default();
+    out.extend(digits.iter().map(|&d| char::from(d)));
 }
 
 /// gRPC status RESOURCE_EXHAUSTED (rate limited).
@@ -212,6 +214,12 @@ pub fn json_str(s: &str) -> String {
 /// Appends `s` as a JSON string literal.
 pub fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
+    // Names are plain (`[A-Za-z0-9_-]`): most need no escape at all.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),

@@ -20,6 +20,18 @@ pub trait RequestView {
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     /// A request attribute, or `None` when the host does not know it.
     fn attribute(&self, attr: Attribute) -> Option<Vec<u8>>;
+
+    /// `f` of a header's value (as [`RequestView::header`]), read in place
+    /// where the host can (no copy).
+    fn header_with(&self, name: &str, f: &mut dyn FnMut(Option<&[u8]>)) {
+        f(self.header(name).as_deref());
+    }
+
+    /// `f` of an attribute (as [`RequestView::attribute`]), read in place
+    /// where the host can.
+    fn attribute_with(&self, attr: Attribute, f: &mut dyn FnMut(Option<&[u8]>)) {
+        f(self.attribute(attr).as_deref());
+    }
 }
 
 /// Read access to the current response's headers (for stages that watch

@@ -45,19 +45,30 @@ impl Buffer {
     /// The bytes, copied (`None` for a null pointer).
     ///
     /// # Safety
-    /// `ptr` must point at `len` readable bytes (Envoy's promise for the
-    /// duration of the call that handed the buffer over).
+    /// As for [`Buffer::as_slice`].
     pub unsafe fn to_vec(self) -> Option<Vec<u8>> {
+        // SAFETY: the caller's promise.
+        unsafe { self.as_slice() }.map(<[u8]>::to_vec)
+    }
+
+    /// The bytes, borrowed (`None` for a null pointer).
+    ///
+    /// # Safety
+    /// `ptr` must point at `len` readable bytes (Envoy's promise for the
+    /// duration of the call that handed the buffer over) for as long as
+    /// the slice is used.
+    pub unsafe fn as_slice<'a>(self) -> Option<&'a [u8]> {
         if self.ptr.is_null() {
             return None;
         }
         // SAFETY: the caller's promise.
-        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.len) }.to_vec())
+        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 }
 
 /// `envoy_dynamic_module_type_module_http_header`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Header {
     pub key_ptr: *const u8,
     pub key_len: usize,
@@ -66,6 +77,13 @@ pub struct Header {
 }
 
 impl Header {
+    pub const EMPTY: Header = Header {
+        key_ptr: std::ptr::null(),
+        key_len: 0,
+        value_ptr: std::ptr::null(),
+        value_len: 0,
+    };
+
     pub fn of(key: &str, value: &str) -> Header {
         Header {
             key_ptr: key.as_ptr(),

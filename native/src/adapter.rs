@@ -8,27 +8,56 @@
 //! `reply::Rejection`.
 
 use crate::store;
+use sluice::header::Headers;
 use sluice::pipeline::stage::StreamId;
 use sluice::pipeline::telemetry::{MetricDef, MetricId, Sink};
 use sluice::pipeline::{Env, Pipeline};
 use sluice::request::{RequestView, ResponseView};
 use sluice::time::Instant;
 use sluice::wiring::{self, Config};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::cell::Cell;
 
 pub use sluice::pipeline::{Effect, Outcome, Verdict};
 pub use sluice::reply::Rejection;
 
-/// Nanoseconds since the Unix epoch, from the system clock.
+/// Nanoseconds since the Unix epoch, from the system clock (0 before it),
+/// read directly: `SystemTime`'s checks cost ten times the read.
 pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is ours to write; CLOCK_REALTIME always exists.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    let (Ok(s), Ok(ns)) = (u64::try_from(ts.tv_sec), u64::try_from(ts.tv_nsec)) else {
+        return 0;
+    };
+    s.saturating_mul(1_000_000_000).saturating_add(ns)
 }
 
 /// Now, as the core takes it.
 fn now() -> Instant {
     Instant::from_ns(now_ns())
+}
+
+/// The time of one hook: the system clock, read once, when first asked
+/// (the hook's tick check and its pipeline call see the same instant).
+#[derive(Default)]
+pub struct HookClock(Cell<Option<Instant>>);
+
+impl HookClock {
+    pub fn now(&self) -> Instant {
+        match self.0.get() {
+            Some(t) => t,
+            None => {
+                let t = now();
+                self.0.set(Some(t));
+                t
+            }
+        }
+    }
 }
 
 /// Metrics that go nowhere: at configuration, before any stream.
@@ -60,11 +89,11 @@ pub struct Engine {
     pipeline: Pipeline,
 }
 
-/// Runs `f` with the process store, the system clock and `sink`.
-fn with_env<R>(sink: &mut dyn Sink, f: impl FnOnce(&mut Env<'_>) -> R) -> R {
+/// Runs `f` with the process store, the hook's clock and `sink`.
+fn with_env<R>(sink: &mut dyn Sink, clock: &HookClock, f: impl FnOnce(&mut Env<'_>) -> R) -> R {
     let mut env = Env {
         store: store::shared(),
-        clock: &now,
+        clock: &|| clock.now(),
         sink,
     };
     f(&mut env)
@@ -77,7 +106,9 @@ impl Engine {
     pub fn build(config: &Config, seed: (u64, u64), tag: u32, rng: u64) -> Result<Self, String> {
         let mut pipeline =
             wiring::pipeline(config, seed, tag, now(), rng).map_err(|e| e.to_string())?;
-        with_env(&mut NoMetrics, |env| pipeline.start(env))?;
+        with_env(&mut NoMetrics, &HookClock::default(), |env| {
+            pipeline.start(env)
+        })?;
         Ok(Engine { pipeline })
     }
 
@@ -99,10 +130,13 @@ impl Engine {
     pub fn request(
         &mut self,
         m: &mut dyn Sink,
+        clock: &HookClock,
         id: u32,
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
-        with_env(m, |env| self.pipeline.request(env, StreamId(id), req))
+        with_env(m, clock, |env| {
+            self.pipeline.request(env, StreamId(id), req)
+        })
     }
 
     /// A paused stream goes on (`again`: decided again by the stage that
@@ -110,11 +144,12 @@ impl Engine {
     pub fn go_on(
         &mut self,
         m: &mut dyn Sink,
+        clock: &HookClock,
         id: u32,
         req: &dyn RequestView,
         again: bool,
     ) -> (Verdict, Outcome) {
-        with_env(m, |env| {
+        with_env(m, clock, |env| {
             if again {
                 self.pipeline.again(env, StreamId(id), req)
             } else {
@@ -126,27 +161,32 @@ impl Engine {
     pub fn response(
         &mut self,
         m: &mut dyn Sink,
+        clock: &HookClock,
         id: u32,
         resp: &dyn ResponseView,
-    ) -> (Vec<(&'static str, String)>, Outcome) {
-        with_env(m, |env| self.pipeline.response(env, StreamId(id), resp))
+    ) -> (Headers, Outcome) {
+        with_env(m, clock, |env| {
+            self.pipeline.response(env, StreamId(id), resp)
+        })
     }
 
-    pub fn end(&mut self, m: &mut dyn Sink, id: u32) -> Outcome {
-        with_env(m, |env| self.pipeline.end(env, StreamId(id)))
+    pub fn end(&mut self, m: &mut dyn Sink, clock: &HookClock, id: u32) -> Outcome {
+        with_env(m, clock, |env| self.pipeline.end(env, StreamId(id)))
     }
 
     /// A stream an effect named is gone.
-    pub fn gone(&mut self, m: &mut dyn Sink, id: u32) -> Outcome {
-        with_env(m, |env| self.pipeline.gone(env, StreamId(id)))
+    pub fn gone(&mut self, m: &mut dyn Sink, clock: &HookClock, id: u32) -> Outcome {
+        with_env(m, clock, |env| self.pipeline.gone(env, StreamId(id)))
     }
 
-    pub fn tick(&mut self, m: &mut dyn Sink) -> Outcome {
-        with_env(m, |env| self.pipeline.tick(env))
+    pub fn tick(&mut self, m: &mut dyn Sink, clock: &HookClock) -> Outcome {
+        with_env(m, clock, |env| self.pipeline.tick(env))
     }
 
     /// The configuration is going away.
     pub fn close(&mut self) -> Outcome {
-        with_env(&mut NoMetrics, |env| self.pipeline.close(env))
+        with_env(&mut NoMetrics, &HookClock::default(), |env| {
+            self.pipeline.close(env)
+        })
     }
 }

@@ -7,9 +7,9 @@ use crate::abi::{ConfigEnvoyPtr, FilterPtr};
 use crate::adapter::{self, Engine};
 use crate::metrics::{self, Ids};
 use crate::store;
+use sluice::hash::FastMap;
 use sluice::store::Store;
 use sluice::wiring::Config;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, TryLockError};
 
@@ -22,14 +22,12 @@ pub fn random_u64() -> u64 {
     RandomState::new().hash_one(adapter::now_ns())
 }
 
-/// What one worker keeps of a configuration.
+/// What one worker keeps of a configuration besides its pipeline.
 #[derive(Default)]
 pub struct WorkerState {
-    /// Built on the worker's first stream.
-    pub engine: Option<Engine>,
     /// The streams paused on this worker, by id: the effects of the
     /// pipeline name streams by id.
-    pub paused: HashMap<u32, FilterPtr>,
+    pub paused: FastMap<u32, FilterPtr>,
     /// Paused streams whose own request hook is still running (a stream
     /// let go from inside it must not be continued by a call into Envoy:
     /// its hook returns `Continue` instead).
@@ -40,13 +38,21 @@ pub struct WorkerState {
     pub next_tick_ms: u64,
     /// The tick period asked for (ms).
     pub tick_ms: u64,
+}
+
+/// A worker's pipeline and the rest of its state, under one lock.
+#[derive(Default)]
+struct Slot {
+    /// Built on the worker's first stream.
+    engine: Option<Engine>,
     /// Building the pipeline failed: the worker's streams pass.
     failed: bool,
+    state: WorkerState,
 }
 
 /// One worker's share of a configuration.
 #[derive(Default)]
-pub struct Worker(Mutex<WorkerState>);
+pub struct Worker(Mutex<Slot>);
 
 // SAFETY: a worker's state (its pipeline holds `Rc`s; the paused streams'
 // Envoy pointers) is used only on the Envoy worker thread of its index,
@@ -112,29 +118,29 @@ impl FilterConfig {
     ) -> Option<R> {
         let mut guard = match w.0.try_lock() {
             Ok(g) => g,
-            // A panic in an earlier call: its pipeline was dropped by the
-            // unwinding (it is taken out while in use), so a new one is
-            // built, as a wasm VM is restarted; the rest is whole.
+            // A panic in an earlier call: its pipeline is dropped and a new
+            // one built, as a wasm VM is restarted; the rest is whole.
             Err(TryLockError::Poisoned(p)) => {
                 w.0.clear_poison();
-                p.into_inner()
+                let mut g = p.into_inner();
+                g.engine = None;
+                g
             }
             Err(TryLockError::WouldBlock) => return None,
         };
-        let state = &mut *guard;
-        if state.engine.is_none() && !state.failed {
+        let slot = &mut *guard;
+        if slot.engine.is_none() && !slot.failed {
             match Engine::build(&self.config, self.seed, random_u64() as u32, random_u64()) {
-                Ok(e) => state.engine = Some(e),
+                Ok(e) => slot.engine = Some(e),
                 Err(e) => {
                     log::error!("sluice: {e}");
-                    state.failed = true;
+                    slot.failed = true;
                 }
             }
         }
-        let mut engine = state.engine.take()?;
-        let r = f(&mut engine, state);
-        state.engine = Some(engine);
-        Some(r)
+        // In place: a pipeline is too large to move in and out per call.
+        let engine = slot.engine.as_mut()?;
+        Some(f(engine, &mut slot.state))
     }
 }
 
@@ -143,8 +149,8 @@ impl FilterConfig {
 impl Drop for FilterConfig {
     fn drop(&mut self) {
         for w in self.workers.iter() {
-            if let Ok(mut state) = w.0.lock() {
-                if let Some(e) = state.engine.as_mut() {
+            if let Ok(mut slot) = w.0.lock() {
+                if let Some(e) = slot.engine.as_mut() {
                     // No stream is left to carry effects out on.
                     let _ = e.close();
                 }

@@ -7,18 +7,55 @@
 //! reply runs the response hooks, a resumed stream its later filters).
 
 use crate::abi::{self, FilterPtr};
-use crate::adapter::{Effect, Engine, Outcome, Verdict};
+use crate::adapter::{Effect, Engine, HookClock, Outcome, Verdict};
 use crate::config::{FilterConfig, Worker, WorkerState};
 use crate::metrics::EnvoySink;
 use crate::reply;
 use crate::ticker;
 use crate::views::{self, HostRequest, HostResponse};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Stream ids, unique among the streams alive in the process.
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// Where a stream's filter lives: the box whose address Envoy holds.
+pub type Place = Option<Filter>;
+
+/// Boxes a worker keeps for its next streams (at most [`MAX_SPARE`]):
+/// a stream costs no allocation.
+const MAX_SPARE: usize = 64;
+
+thread_local! {
+    // The boxes themselves are what is kept (Envoy holds their addresses).
+    #[allow(clippy::vec_box)]
+    static SPARE: RefCell<Vec<Box<Place>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A box holding `f`: a spare one of this thread's, or a new one.
+pub fn boxed(f: Filter) -> Box<Place> {
+    let spare = SPARE.try_with(|s| s.try_borrow_mut().ok()?.pop());
+    match spare.ok().flatten() {
+        Some(mut b) => {
+            *b = Some(f);
+            b
+        }
+        None => Box::new(Some(f)),
+    }
+}
+
+/// Drops the filter in `b` (its stream's end), and keeps the box.
+pub fn unboxed(mut b: Box<Place>) {
+    drop(b.take());
+    let _ = SPARE.try_with(move |s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            if s.len() < MAX_SPARE {
+                s.push(b);
+            }
+        }
+    });
+}
 
 pub struct Filter {
     config: Arc<FilterConfig>,
@@ -81,9 +118,10 @@ impl Filter {
         let req = HostRequest(self.envoy);
         let (id, envoy) = (self.id, self.envoy);
         let m = &mut self.sink(envoy);
+        let clock = HookClock::default();
         let decided = self.config.with(w, |e, st| {
-            let ticked = tick_if_due(e, st, m);
-            let (verdict, out) = e.request(m, id, &req);
+            let ticked = tick_if_due(e, st, m, &clock);
+            let (verdict, out) = e.request(m, &clock, id, &req);
             if verdict == Verdict::Pause {
                 // Paused and ticked together (the ticker ticks the worker
                 // while it waits), before any effect is carried out.
@@ -96,8 +134,10 @@ impl Filter {
         let Some((ticked, verdict, out)) = decided else {
             return abi::CONTINUE;
         };
-        self.carry_out(w, ticked);
-        self.carry_out(w, out);
+        if let Some(ticked) = ticked {
+            self.carry_out(w, &clock, ticked);
+        }
+        self.carry_out(w, &clock, out);
         match verdict {
             Verdict::Continue => abi::CONTINUE,
             // Resumed or answered later through an effect, maybe from a
@@ -131,12 +171,14 @@ impl Filter {
         let resp = HostResponse(self.envoy);
         let id = self.id;
         let m = &mut self.sink(self.envoy);
-        let Some((headers, out)) = self.config.with(w, |e, _| e.response(m, id, &resp)) else {
+        let clock = HookClock::default();
+        let Some((headers, out)) = self.config.with(w, |e, _| e.response(m, &clock, id, &resp))
+        else {
             return abi::CONTINUE;
         };
-        self.carry_out(w, out);
-        for (name, value) in headers {
-            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, &value);
+        self.carry_out(w, &clock, out);
+        for (name, value) in headers.iter() {
+            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, value.as_bytes());
         }
         abi::CONTINUE
     }
@@ -152,19 +194,25 @@ impl Filter {
         };
         let id = self.id;
         let m = &mut self.sink(self.envoy);
+        let clock = HookClock::default();
         let done = self.config.with(w, |e, st| {
             unpause(w, st, id);
-            (e.end(m, id), tick_if_due(e, st, m))
+            (e.end(m, &clock, id), tick_if_due(e, st, m, &clock))
         });
         if let Some((out, ticked)) = done {
-            self.carry_out(w, out);
-            self.carry_out(w, ticked);
+            self.carry_out(w, &clock, out);
+            if let Some(ticked) = ticked {
+                self.carry_out(w, &clock, ticked);
+            }
         }
     }
 
     /// Carries out the effects on the worker's other streams. Calls out
     /// and words to other workers (global rules) are not carried out yet.
-    fn carry_out(&self, w: &Worker, out: Outcome) {
+    fn carry_out(&self, w: &Worker, clock: &HookClock, out: Outcome) {
+        if out.effects.is_empty() && out.tick.is_none() {
+            return;
+        }
         if let Some(tick) = out.tick {
             let ms = tick.as_ms();
             let _ = self.config.with(w, |_, st| st.tick_ms = ms);
@@ -181,25 +229,25 @@ impl Filter {
                     continue;
                 }
             };
-            self.go_on(w, stream, again);
+            self.go_on(w, clock, stream, again);
         }
     }
 
     /// A paused stream of this worker may go on: the later stages (or,
     /// `again`, the one that paused it) decide on it.
-    fn go_on(&self, w: &Worker, stream: u32, again: bool) {
+    fn go_on(&self, w: &Worker, clock: &HookClock, stream: u32, again: bool) {
         let found = self.config.with(w, |_, st| st.paused.get(&stream).copied());
         let Some(Some(envoy)) = found else {
             let m = &mut self.sink(self.envoy);
-            if let Some(out) = self.config.with(w, |e, _| e.gone(m, stream)) {
-                self.carry_out(w, out);
+            if let Some(out) = self.config.with(w, |e, _| e.gone(m, clock, stream)) {
+                self.carry_out(w, clock, out);
             }
             return;
         };
         let req = HostRequest(envoy);
         let m = &mut self.sink(envoy);
         let decided = self.config.with(w, |e, st| {
-            let (verdict, out) = e.go_on(m, stream, &req, again);
+            let (verdict, out) = e.go_on(m, clock, stream, &req, again);
             // Let go inside its own request hook: the hook goes on.
             let in_hook = st.in_hook.contains(&stream);
             if verdict != Verdict::Pause {
@@ -234,6 +282,7 @@ impl Filter {
         }
         self.carry_out(
             w,
+            clock,
             Outcome {
                 request_headers: Vec::new(),
                 ..out
@@ -263,12 +312,13 @@ impl Filter {
             return;
         };
         let m = &mut self.sink(self.envoy);
+        let clock = HookClock::default();
         let ticked = self.config.with(w, |e, st| {
             st.next_tick_ms = 0;
-            tick_if_due(e, st, m)
+            tick_if_due(e, st, m, &clock)
         });
-        if let Some(out) = ticked {
-            self.carry_out(w, out);
+        if let Some(Some(out)) = ticked {
+            self.carry_out(w, &clock, out);
         }
     }
 }
@@ -298,6 +348,9 @@ fn worker_key(w: &Worker) -> usize {
 
 /// Stream `id` no longer waits on worker `w`: its Envoy filter, if it did.
 fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
+    if st.paused.is_empty() {
+        return None;
+    }
     let found = st.paused.remove(&id);
     if found.is_some() {
         ticker::done(worker_key(w), id);
@@ -307,12 +360,17 @@ fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
 
 /// The worker's tick, if due: the pipeline's periodic work, run from the
 /// worker's own hooks (see `native/README.md` for what is not ticked yet).
-fn tick_if_due(e: &mut Engine, st: &mut WorkerState, m: &mut EnvoySink<'_>) -> Outcome {
-    let now_ms = crate::adapter::now_ns() / 1_000_000;
+fn tick_if_due(
+    e: &mut Engine,
+    st: &mut WorkerState,
+    m: &mut EnvoySink<'_>,
+    clock: &HookClock,
+) -> Option<Outcome> {
+    let now_ms = clock.now().as_ms();
     if now_ms < st.next_tick_ms {
-        return Outcome::default();
+        return None;
     }
     let period = if st.tick_ms == 0 { 100 } else { st.tick_ms };
     st.next_tick_ms = now_ms.saturating_add(period);
-    e.tick(m)
+    Some(e.tick(m, clock))
 }

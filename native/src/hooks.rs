@@ -7,7 +7,7 @@
 
 use crate::abi::{self, Buffer, ConfigEnvoyPtr, FilterPtr};
 use crate::config::FilterConfig;
-use crate::filter::Filter;
+use crate::filter::{self as stream, Filter, Place};
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -32,7 +32,7 @@ fn guard<R>(what: &str, fallback: R, f: impl FnOnce() -> R) -> R {
 /// hooks on one thread, one at a time.
 unsafe fn filter<'a>(ptr: *mut c_void) -> Option<&'a mut Filter> {
     // SAFETY: the caller's promise.
-    unsafe { ptr.cast::<Filter>().as_mut() }
+    unsafe { ptr.cast::<Place>().as_mut() }?.as_mut()
 }
 
 #[no_mangle]
@@ -105,7 +105,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
             Arc::increment_strong_count(config);
             Arc::from_raw(config)
         };
-        Box::into_raw(Box::new(Filter::new(config, envoy))).cast()
+        Box::into_raw(stream::boxed(Filter::new(config, envoy))).cast()
     })
 }
 
@@ -115,9 +115,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(ptr: *mut c_void) 
         if ptr.is_null() {
             return;
         }
-        // SAFETY: the pointer `filter_new` made, taken back once; its
-        // drop ends the stream for the pipeline if nothing did.
-        drop(unsafe { Box::from_raw(ptr.cast::<Filter>()) });
+        // SAFETY: the pointer `filter_new` made, taken back once; the
+        // filter's drop ends the stream for the pipeline if nothing did.
+        stream::unboxed(unsafe { Box::from_raw(ptr.cast::<Place>()) });
     })
 }
 

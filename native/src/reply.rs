@@ -9,32 +9,71 @@ use crate::adapter::Rejection;
 use crate::views;
 use sluice::reply::is_grpc_content_type;
 
+/// Most headers a reply sends without a heap allocation for their list.
+const INLINE_HEADERS: usize = 12;
+
 /// Answers the stream with a refusal.
 pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
-    let grpc = views::header(filter, abi::REQUEST_HEADERS, "content-type")
-        .is_some_and(|v| is_grpc_content_type(&v));
+    let grpc = views::header_with(filter, abi::REQUEST_HEADERS, "content-type", |v| {
+        is_grpc_content_type(v)
+    })
+    .unwrap_or(false);
     let reason = reason_header.map(|name| (name, r.reason()));
-    let mut pairs: Vec<(&str, String)> = r
+    let (status, message, body);
+    let tail: [(&str, &str); 2] = if grpc {
+        status = sluice::reply::decimal(u64::from(r.grpc_status));
+        message = percent_encode(&r.grpc_message());
+        body = String::new();
+        [("grpc-status", &status), ("grpc-message", &message)]
+    } else {
+        body = r.body();
+        [("content-type", "application/json"), ("", "")]
+    };
+    let pairs = r
         .headers
         .iter()
-        .map(|(k, v)| (*k, v.clone()))
-        .chain(reason)
-        .collect();
-    let body = if grpc {
-        pairs.push(("grpc-status", r.grpc_status.to_string()));
-        pairs.push(("grpc-message", percent_encode(&r.grpc_message())));
-        String::new()
-    } else {
-        pairs.push(("content-type", "application/json".to_string()));
-        r.body()
-    };
-    log::debug!("sluice: refused: {}", r.reason());
-    respond(filter, r.status, &pairs, &body);
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain(reason.as_ref().map(|(k, v)| (*k, v.as_str())))
+        .chain(tail.into_iter().filter(|(k, _)| !k.is_empty()));
+    if log::log_enabled!(log::Level::Debug) {
+        log::debug!("sluice: refused: {}", r.reason());
+    }
+    respond_with(filter, r.status, pairs, &body);
 }
 
 /// Sends a local reply of `status` with these headers and body.
-pub fn respond(filter: FilterPtr, status: u32, pairs: &[(&str, String)], body: &str) {
-    let headers: Vec<Header> = pairs.iter().map(|(k, v)| Header::of(k, v)).collect();
+pub fn respond(filter: FilterPtr, status: u32, pairs: &[(&str, &str)], body: &str) {
+    respond_with(filter, status, pairs.iter().copied(), body);
+}
+
+/// `respond` over any list of headers: up to [`INLINE_HEADERS`] of them
+/// on the stack.
+fn respond_with<'a>(
+    filter: FilterPtr,
+    status: u32,
+    pairs: impl Iterator<Item = (&'a str, &'a str)>,
+    body: &str,
+) {
+    let mut inline = [Header::EMPTY; INLINE_HEADERS];
+    let mut spilled = Vec::new();
+    let mut n = 0;
+    for (k, v) in pairs {
+        match inline.get_mut(n) {
+            Some(h) if spilled.is_empty() => *h = Header::of(k, v),
+            _ => {
+                if spilled.is_empty() {
+                    spilled.extend(inline.iter().copied());
+                }
+                spilled.push(Header::of(k, v));
+            }
+        }
+        n += 1;
+    }
+    let headers: &[Header] = if spilled.is_empty() {
+        inline.get(..n).unwrap_or_default()
+    } else {
+        &spilled
+    };
     // SAFETY: `filter` is the stream's live Envoy filter; every pointer
     // describes a live slice for the duration of the call (Envoy copies).
     unsafe {
@@ -52,12 +91,18 @@ pub fn respond(filter: FilterPtr, status: u32, pairs: &[(&str, String)], body: &
 /// gRPC's percent-encoding of `grpc-message`: bytes outside printable
 /// ASCII, and `%`, as `%XX`.
 fn percent_encode(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if (0x20..0x7f).contains(&b) && b != b'%' {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push('%');
+            for nibble in [b >> 4, b & 15] {
+                out.push(char::from(
+                    HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
+                ));
+            }
         }
     }
     out

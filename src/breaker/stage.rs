@@ -4,7 +4,7 @@
 //! and merges batched successes on the tick.
 
 use super::config::BreakerSpec;
-use super::runtime::{Breakers, CallOutcome, Check, Event, Ticket};
+use super::runtime::{Breakers, CallOutcome, Check, Event, Tickets};
 use super::Transition;
 use crate::config::{Common, ConfigError};
 use crate::hash::FastMap;
@@ -75,7 +75,7 @@ pub struct BreakerStage {
     /// end, and when each request started (ms).
     /// With when the call went upstream (`None` while it waits in a later
     /// stage: time spent in sluice is not the upstream's).
-    tickets: FastMap<StreamId, (Option<u64>, Vec<Ticket>)>,
+    tickets: FastMap<StreamId, (Option<u64>, Tickets)>,
     /// Whether any breaker counts slow calls (the tick then looks for them).
     slow_calls: bool,
 }

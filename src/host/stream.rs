@@ -77,8 +77,12 @@ impl HttpContext for HttpStream {
         plugin.apply(out, Some(self.id));
         // Appended, as Envoy's local_ratelimit does (a third cheaper than
         // replacing: no search for an existing header of the same name).
-        for (name, value) in headers {
-            let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
+        for (name, value) in headers.iter() {
+            let _ = hostcalls::add_map_value_bytes(
+                MapType::HttpResponseHeaders,
+                name,
+                value.as_bytes(),
+            );
         }
         Action::Continue
     }

@@ -3,6 +3,7 @@
 //! answers it), and the exactly-once release when it ends.
 
 use super::stage::{Cx, Stage, Step, StreamId};
+use crate::header::Headers;
 use crate::reply::Rejection;
 use crate::request::RequestView;
 use crate::time::Instant;
@@ -19,7 +20,7 @@ pub(super) struct StreamState {
     /// When the request arrived, kept once a stage paused it: later
     /// stages see how long it waited (`Cx::waited`).
     pub(super) arrived: Option<Instant>,
-    pub(super) response_headers: Vec<(&'static str, String)>,
+    pub(super) response_headers: Headers,
 }
 
 impl StreamState {

@@ -30,6 +30,7 @@ pub use stage::{Call, Cx, Decision, Effect, Env, Signal, Stage, Step, StreamId};
 
 use crate::config::ResponseSpec;
 use crate::hash::FastMap;
+use crate::header::Headers;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
 use crate::time::{Duration, Instant};
@@ -202,6 +203,13 @@ impl Pipeline {
         r
     }
 
+    /// Forgets stream `id` if nothing of it is left to keep.
+    fn forget_unless_worth_keeping(&mut self, id: StreamId) {
+        if self.streams.get(&id).is_some_and(|s| !s.worth_keeping()) {
+            self.streams.remove(&id);
+        }
+    }
+
     /// Keeps what is left of a stream until its next call.
     fn keep(&mut self, stream: StreamState) {
         if stream.worth_keeping() {
@@ -271,31 +279,32 @@ impl Pipeline {
         env: &mut Env<'_>,
         id: StreamId,
         resp: &dyn ResponseView,
-    ) -> (Vec<(&'static str, String)>, Outcome) {
-        let Some(mut stream) = self.streams.remove(&id) else {
-            return (Vec::new(), Outcome::default());
+    ) -> (Headers, Outcome) {
+        // Looked at in place: most streams stay until their end.
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return (Headers::new(), Outcome::default());
         };
         let headers = std::mem::take(&mut stream.response_headers);
         if stream.holds == 0 {
-            self.keep(stream);
+            self.forget_unless_worth_keeping(id);
             return (headers, Outcome::default());
         }
         // A stream answered while paused (Envoy's own local reply, say)
         // still waits in the stage that paused it: that stage keeps its
         // hold, and hears of the stream's end.
-        let paused = stream.paused_at;
+        let (paused, mut holds) = (stream.paused_at, stream.holds);
         let ((), out) = self.with_cx(env, |stages, cx| {
             for (i, stage) in stages.iter_mut().enumerate() {
                 cx.stage = i;
-                if stream.holds & (1 << i) != 0
-                    && !stage.response(cx, stream.id, resp)
-                    && paused != Some(i)
-                {
-                    stream.holds &= !(1 << i);
+                if holds & (1 << i) != 0 && !stage.response(cx, id, resp) && paused != Some(i) {
+                    holds &= !(1 << i);
                 }
             }
         });
-        self.keep(stream);
+        if let Some(stream) = self.streams.get_mut(&id) {
+            stream.holds = holds;
+        }
+        self.forget_unless_worth_keeping(id);
         (headers, out)
     }
 

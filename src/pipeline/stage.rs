@@ -6,6 +6,7 @@
 use super::deadline::Budgets;
 use super::telemetry::{MetricId, Sink};
 use super::wait::{LineId, Wait, WaitList};
+use crate::header::Headers;
 use crate::reply::Rejection;
 use crate::request::{RequestView, ResponseView};
 use crate::rng::SplitMix;
@@ -101,7 +102,7 @@ pub struct Decision {
     /// response and of the stream's end, exactly once).
     pub held: bool,
     /// Headers to add to the response (if the request goes on).
-    pub response_headers: Vec<(&'static str, String)>,
+    pub response_headers: Headers,
 }
 
 impl Decision {
@@ -110,7 +111,7 @@ impl Decision {
         Decision {
             step: Step::Continue,
             held: false,
-            response_headers: Vec::new(),
+            response_headers: Headers::new(),
         }
     }
 
@@ -119,7 +120,7 @@ impl Decision {
         Decision {
             step,
             held,
-            response_headers: Vec::new(),
+            response_headers: Headers::new(),
         }
     }
 }

@@ -8,9 +8,11 @@ use super::algorithm::Algorithm;
 use super::bucket::BucketAnswer;
 use super::codec::Slot;
 use super::{
-    Evaluation, LimitVerdict, Limiter, Pending, Reservation, RuleReport, RuleResult, SlotRead,
+    Evaluation, LimitVerdict, Limiter, Pending, Pendings, Reservation, RuleReport, RuleResult,
+    SlotRead,
 };
-use crate::store::{Store, StoreError};
+use crate::small::Small;
+use crate::store::{SlotKey, Store, StoreError};
 
 enum Commit {
     Done,
@@ -43,12 +45,13 @@ impl Limiter {
         &self,
         store: &dyn Store,
         now_ns: u64,
-        mut pending: Vec<Pending>,
-        mut reports: Vec<RuleReport>,
+        pending: &mut Pendings,
+        reports: Small<RuleReport, 1>,
     ) -> Evaluation {
+        let mut reports = reports;
         let mut i = 0;
         loop {
-            if let Some(deny) = Self::refusal(&pending) {
+            if let Some(deny) = Self::refusal(pending) {
                 return self.refuse(store, pending, reports, deny);
             }
             if let Some(rule) = self.fail_closed(&reports) {
@@ -91,12 +94,12 @@ impl Limiter {
                 }
             }
         }
-        Self::admitted(&pending, reports)
+        Self::admitted(pending, reports)
     }
 
     /// The evaluation of a request every enforcing rule admitted; held for
     /// the latest turn a shaping rule reserved, if any.
-    fn admitted(pending: &[Pending], mut reports: Vec<RuleReport>) -> Evaluation {
+    fn admitted(pending: &[Pending], mut reports: Small<RuleReport, 1>) -> Evaluation {
         let delay_ns = pending.iter().map(|p| p.report.delay_ns).max().unwrap_or(0);
         let reservations = if delay_ns > 0 {
             pending.iter().filter_map(Self::reservation).collect()
@@ -119,8 +122,8 @@ impl Limiter {
     fn reservation(p: &Pending) -> Option<Reservation> {
         let (before, after) = p.committed?;
         let read = p.reads.get(p.decision)?;
-        (p.ask.placement.count == 1).then(|| Reservation {
-            key: read.key.clone(),
+        (p.ask.placement.count == 1).then_some(Reservation {
+            key: read.key,
             before,
             after,
         })
@@ -132,7 +135,7 @@ impl Limiter {
     /// turn goes unused rather than anyone going early.
     pub fn give_back(&self, store: &dyn Store, reservations: &[Reservation]) {
         for r in reservations {
-            Self::restore(store, &r.key, r.before, r.after);
+            Self::restore(store, r.key, r.before, r.after);
         }
     }
 
@@ -151,11 +154,11 @@ impl Limiter {
     fn refuse(
         &self,
         store: &dyn Store,
-        pending: Vec<Pending>,
-        mut reports: Vec<RuleReport>,
+        pending: &Pendings,
+        mut reports: Small<RuleReport, 1>,
         verdict: LimitVerdict,
     ) -> Evaluation {
-        for p in &pending {
+        for p in pending.iter() {
             if let Some((before, after)) = p.committed {
                 self.refund(store, p, before, after);
             }
@@ -190,16 +193,16 @@ impl Limiter {
         let Some(SlotRead { key, .. }) = p.reads.get(p.decision) else {
             return;
         };
-        Self::restore(store, key, before, after);
+        Self::restore(store, *key, before, after);
     }
 
     /// Puts `before` back into a slot still holding `after`.
-    fn restore(store: &dyn Store, key: &str, before: Slot, after: Slot) {
-        let Ok(Some(entry)) = store.get(key) else {
+    fn restore(store: &dyn Store, key: SlotKey, before: Slot, after: Slot) {
+        let Ok(Some(entry)) = store.get_slot(key, true) else {
             return;
         };
-        if Slot::decode(&entry.bytes) == Ok(after) {
-            let _ = store.set(key, &before.encode(), entry.cas);
+        if Slot::decode(entry.bytes().unwrap_or_default()) == Ok(after) {
+            let _ = store.set_slot(key, &before.encode(), entry.cas);
         }
     }
 
@@ -234,7 +237,7 @@ impl Limiter {
             fingerprint,
             tat: new_tat,
         };
-        match store.set(&read.key, &after.encode(), read.cas) {
+        match store.set_slot(read.key, &after.encode(), read.cas) {
             Ok(()) => {
                 p.committed = Some((read.slot, after));
                 Commit::Done
@@ -256,7 +259,7 @@ impl Limiter {
         algorithm: &Algorithm,
         retries: &mut u32,
     ) -> bool {
-        let key = read.key.as_str();
+        let key = read.key;
         let mut cas = read.cas;
         let mut remembered = read.remembered;
         // The merge of what is there and the new state (for a bucket, the
@@ -267,7 +270,7 @@ impl Limiter {
         };
         let mut target = merged((!read.corrupt).then_some(read.slot));
         loop {
-            match store.set(key, &target.encode(), cas) {
+            match store.set_slot(key, &target.encode(), cas) {
                 Ok(()) => return true,
                 Err(StoreError::Unavailable) => return false,
                 Err(StoreError::CasMismatch) => {}
@@ -278,8 +281,8 @@ impl Limiter {
                     return false;
                 }
             }
-            match store.get(key) {
-                Ok(Some(e)) => match Slot::decode(&e.bytes) {
+            match store.get_slot(key, true) {
+                Ok(Some(e)) => match Slot::decode(e.bytes().unwrap_or_default()) {
                     Ok(s) if algorithm.merge(s.tat, new.tat) == s.tat => return true,
                     s => {
                         target = merged(s.ok());

@@ -7,9 +7,10 @@ use super::algorithm::Algorithm;
 use super::bucket::BucketAnswer;
 use super::codec::Slot;
 use super::config::RuleSpec;
-use super::{Ask, Evaluation, Limiter, Pending, RuleReport, RuleResult, SlotRead};
+use super::{Ask, Evaluation, Limiter, Pending, Pendings, Reads, RuleReport, RuleResult, SlotRead};
 use crate::keys::{place, Placement};
 use crate::request::RequestView;
+use crate::small::Small;
 use crate::store::Store;
 
 impl Limiter {
@@ -48,21 +49,19 @@ impl Limiter {
         req: &dyn RequestView,
         cap: &dyn Fn(usize) -> u64,
     ) -> Evaluation {
-        let mut pending = Vec::new();
-        let mut reports = Vec::new();
+        let mut pending = Pendings::new();
+        let mut reports = Small::new();
         let mut global_keys = Vec::new();
         for (i, rule) in self.rules.iter().enumerate() {
             let spec = &rule.spec;
             if !spec.matcher.matches(req) {
                 continue;
             }
-            let Some(placement) = place(
-                &spec.key,
-                spec.on_missing_key,
-                self.seed,
-                self.table_len(i),
-                req,
-            ) else {
+            let placement = rule.fixed.or_else(|| {
+                let len = self.table_len(i);
+                place(&spec.key, spec.on_missing_key, self.seed, len, req)
+            });
+            let Some(placement) = placement else {
                 continue;
             };
             if rule.global.is_some() {
@@ -84,7 +83,7 @@ impl Limiter {
                 None => reports.push(self.failure_report(i, cost, 0)),
             }
         }
-        let mut eval = self.settle(store, now_ns, pending, reports);
+        let mut eval = self.settle(store, now_ns, &mut pending, reports);
         eval.global_keys = global_keys;
         eval
     }
@@ -174,8 +173,8 @@ impl Limiter {
         pool_tag: Option<u32>,
         now_ns: u64,
         fresh: bool,
-    ) -> Option<Vec<SlotRead>> {
-        let mut reads = Vec::with_capacity(placement.count);
+    ) -> Option<Reads> {
+        let mut reads = Reads::default();
         for &slot in placement.slots() {
             let read = self.read_slot(store, rule, slot, now_ns, fresh)?;
             let found = pool_tag == Some(read.slot.fingerprint);
@@ -198,14 +197,14 @@ impl Limiter {
         fresh: bool,
     ) -> Option<SlotRead> {
         let spec = &self.rules.get(rule)?.spec;
-        let key = self.slot_key(rule, slot);
-        let entry = if fresh {
-            store.get(&key)
-        } else {
-            store.get_for_update(&key)
-        };
-        let (cas, decoded, remembered) = match entry.ok()? {
-            Some(e) => (e.cas, Slot::decode(&e.bytes).ok(), e.remembered),
+        let key = self.slot(rule, slot);
+        let (cas, decoded, remembered) = match store.get_slot(key, fresh).ok()? {
+            // A value too long for a slot is as corrupt as any other.
+            Some(e) => (
+                e.cas,
+                Slot::decode(e.bytes().unwrap_or_default()).ok(),
+                e.remembered,
+            ),
             None => (
                 None,
                 Some(Slot {
@@ -239,7 +238,7 @@ impl Limiter {
         shadow: bool,
         cost: u64,
         outcome: &BucketAnswer,
-        reads: &[SlotRead],
+        reads: &Reads,
         collision: bool,
     ) -> RuleReport {
         let (result, wait_ns) = match *outcome {

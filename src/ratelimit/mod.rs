@@ -46,15 +46,19 @@ mod tests;
 pub mod window;
 
 use crate::keys::Placement;
+use crate::small::Small;
+use crate::store::SlotKey;
 use algorithm::Algorithm;
 use bucket::BucketAnswer;
 use codec::Slot;
 use config::RuleSpec;
 
 /// What happened to one matching rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RuleResult {
     /// Admitted and charged (or would have been, had another rule refused).
+    /// (The default only fills unused places of a list.)
+    #[default]
     Allowed,
     /// Refused the request.
     Limited,
@@ -67,7 +71,7 @@ pub enum RuleResult {
 }
 
 /// The per-rule details of one evaluation, for headers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RuleReport {
     pub rule: usize,
     pub result: RuleResult,
@@ -97,7 +101,8 @@ pub enum LimitVerdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evaluation {
     pub verdict: LimitVerdict,
-    pub reports: Vec<RuleReport>,
+    /// Kept inline for the first rules (no heap allocation per request).
+    pub reports: Small<RuleReport, 1>,
     /// Admitted, but to be held this long first (the latest turn any
     /// shaping rule reserved); 0 for most requests.
     pub delay_ns: u64,
@@ -111,7 +116,7 @@ pub struct Evaluation {
 /// A charge a held request made: the slot, its state before and after.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    key: String,
+    key: SlotKey,
     before: Slot,
     after: Slot,
 }
@@ -132,6 +137,11 @@ struct Ask {
 pub struct Rule {
     pub spec: RuleSpec,
     pub prefix: String,
+    /// The id of the table `prefix` names.
+    pub table: u32,
+    /// Where its key lives if the key has no variable part (then it is the
+    /// same for every request).
+    pub fixed: Option<Placement>,
     /// A global rule's two tables: its pools, and its local backstop.
     pub global: Option<GlobalTables>,
 }
@@ -141,8 +151,10 @@ pub struct Rule {
 #[derive(Debug, Clone)]
 pub struct GlobalTables {
     pub pool_prefix: String,
+    pub pool_table: u32,
     pub pool: Algorithm,
     pub backstop_prefix: String,
+    pub backstop_table: u32,
     pub backstop: Algorithm,
 }
 
@@ -156,8 +168,9 @@ pub struct Limiter {
 }
 
 /// One slot as read: its key, CAS token, and decoded (or recovered) state.
+#[derive(Clone, Copy)]
 struct SlotRead {
-    key: String,
+    key: SlotKey,
     cas: Option<u32>,
     slot: Slot,
     corrupt: bool,
@@ -166,13 +179,65 @@ struct SlotRead {
     remembered: bool,
 }
 
+/// A rule's reads, in order: one or two slots (as a placement has), kept
+/// inline.
+#[derive(Clone, Copy, Default)]
+struct Reads {
+    len: usize,
+    items: [Option<SlotRead>; 2],
+}
+
+impl Reads {
+    fn push(&mut self, r: SlotRead) {
+        if let Some(item) = self.items.get_mut(self.len) {
+            *item = Some(r);
+            self.len += 1;
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&SlotRead> {
+        self.items.get(i)?.as_ref()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &SlotRead> {
+        self.items.iter().flatten()
+    }
+}
+
+#[derive(Clone, Copy)]
 struct Pending {
     ask: Ask,
-    reads: Vec<SlotRead>,
+    reads: Reads,
     decision: usize,
     outcome: BucketAnswer,
     report: RuleReport,
     committed: Option<(Slot, Slot)>, // (before, after) of the decision slot
+}
+
+/// The rules being settled, the first ones inline.
+type Pendings = Small<Pending, 1>;
+
+/// (Only fills unused places of [`Pendings`].)
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            ask: Ask {
+                rule: 0,
+                placement: crate::keys::placement(0, false, 1),
+                cost: 0,
+                slack_ns: 0,
+            },
+            reads: Reads::default(),
+            decision: 0,
+            outcome: BucketAnswer::Deny {
+                wait_ns: 0,
+                remaining: 0,
+                full_in_ns: 0,
+            },
+            report: RuleReport::default(),
+            committed: None,
+        }
+    }
 }
 
 /// Most global rules in one configuration (their demand is reported with

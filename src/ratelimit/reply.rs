@@ -6,6 +6,7 @@ use super::algorithm::Algorithm;
 use super::{Evaluation, LimitVerdict, RuleReport, RuleResult};
 use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
+use crate::header::{HeaderValue, Headers};
 use crate::reply::{
     ceil_secs, decimal, push_decimal, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED,
 };
@@ -17,9 +18,7 @@ use std::rc::Rc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Let it through, adding these response headers (possibly none).
-    Continue {
-        response_headers: Vec<(&'static str, String)>,
-    },
+    Continue { response_headers: Headers },
     /// Answer it now.
     Reject(Rejection),
 }
@@ -60,7 +59,7 @@ pub fn action(
         LimitVerdict::Allow => {
             let response_headers = if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
-                let mut out = Vec::new();
+                let mut out = Headers::new();
                 if let Some(r) = eval
                     .reports
                     .iter()
@@ -71,7 +70,7 @@ pub fn action(
                 }
                 out
             } else {
-                Vec::new()
+                Headers::new()
             };
             Action::Continue { response_headers }
         }
@@ -109,10 +108,38 @@ pub fn action(
     }
 }
 
+/// A list rate-limit headers are appended to: a refusal's, or an admitted
+/// request's (values inline, see [`Headers`]).
+trait HeaderList {
+    type Value: From<String>;
+    fn decimal(n: u64) -> Self::Value;
+    fn push(&mut self, name: &'static str, value: Self::Value);
+}
+
+impl HeaderList for Vec<(&'static str, String)> {
+    type Value = String;
+    fn decimal(n: u64) -> String {
+        decimal(n)
+    }
+    fn push(&mut self, name: &'static str, value: String) {
+        Vec::push(self, (name, value));
+    }
+}
+
+impl HeaderList for Headers {
+    type Value = HeaderValue;
+    fn decimal(n: u64) -> HeaderValue {
+        HeaderValue::decimal(n)
+    }
+    fn push(&mut self, name: &'static str, value: HeaderValue) {
+        Headers::push(self, (name, value));
+    }
+}
+
 /// Appends the rate-limit headers for one rule. `reset_override` is the
 /// refusal's `Retry-After`, so a refused client is told one consistent time.
-fn rate_headers(
-    out: &mut Vec<(&'static str, String)>,
+fn rate_headers<L: HeaderList>(
+    out: &mut L,
     style: HeaderStyle,
     r: &RuleReport,
     policies: &[PolicyInfo],
@@ -122,12 +149,6 @@ fn rate_headers(
         return;
     };
     let reset = reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns));
-    out.reserve(match style {
-        HeaderStyle::None => 0,
-        HeaderStyle::Draft => 2,
-        HeaderStyle::Legacy => 3,
-        HeaderStyle::Both => 5,
-    });
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         // `"name";q=Q;w=W` and `"name";r=R;t=T`, without `format!`.
         let field = |a: &str, x: u64, b: &str, y: u64| {
@@ -140,16 +161,15 @@ fn rate_headers(
             push_decimal(&mut v, y);
             v
         };
-        out.push((
-            "ratelimit-policy",
-            field("\";q=", p.quota, ";w=", p.window_s),
-        ));
-        out.push(("ratelimit", field("\";r=", r.remaining, ";t=", reset)));
+        let policy = field("\";q=", p.quota, ";w=", p.window_s);
+        out.push("ratelimit-policy", policy.into());
+        let state = field("\";r=", r.remaining, ";t=", reset);
+        out.push("ratelimit", state.into());
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("x-ratelimit-limit", decimal(p.quota)));
-        out.push(("x-ratelimit-remaining", decimal(r.remaining)));
-        out.push(("x-ratelimit-reset", decimal(reset)));
+        out.push("x-ratelimit-limit", L::decimal(p.quota));
+        out.push("x-ratelimit-remaining", L::decimal(r.remaining));
+        out.push("x-ratelimit-reset", L::decimal(reset));
     }
 }
 
@@ -205,7 +225,7 @@ mod tests {
                 rule: 0,
                 wait_ns: 2_500_000_000,
             },
-            reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)],
+            reports: vec![report(RuleResult::Limited, 0, 2_500_000_000, 120 * S)].into(),
             delay_ns: 0,
             reservations: Vec::new(),
             global_keys: Vec::new(),
@@ -237,7 +257,7 @@ mod tests {
     fn allowed_requests_carry_headers_only_when_configured_and_in_the_chosen_style() {
         let eval = Evaluation {
             verdict: LimitVerdict::Allow,
-            reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)],
+            reports: vec![report(RuleResult::Allowed, 7, 0, 39 * S + 1)].into(),
             delay_ns: 0,
             reservations: Vec::new(),
             global_keys: Vec::new(),
@@ -251,7 +271,7 @@ mod tests {
         assert_eq!(
             off,
             Action::Continue {
-                response_headers: vec![]
+                response_headers: Headers::new()
             }
         );
         let Action::Continue { response_headers } = action(

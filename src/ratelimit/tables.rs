@@ -11,7 +11,10 @@ use super::{GlobalTables, Limiter, Rule, MAX_GLOBAL_RULES};
 use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Common, ConfigError};
 use crate::keys::{MissingKey, Placement};
-use crate::store::{Store, StoreError};
+use crate::store::{SlotKey, Store, StoreError};
+
+/// The kind of a rate-limit table's slot keys (`sl1f2e3d4c/12345`).
+const KIND: [u8; 2] = *b"sl";
 
 /// A stable 32-bit identifier of a rule's table: a changed rule gets a
 /// fresh table; an unchanged one keeps its state across reconfiguration.
@@ -56,7 +59,8 @@ impl Limiter {
     pub fn new(specs: &[RuleSpec], common: &Common, seed: (u64, u64)) -> Result<Self, ConfigError> {
         let mut rules: Vec<Rule> = Vec::with_capacity(specs.len());
         for (i, spec) in specs.iter().enumerate() {
-            let prefix = format!("sl{:08x}/", table_id(&common.domain, spec));
+            let table = table_id(&common.domain, spec);
+            let prefix = SlotKey::prefix(KIND, table);
             let earlier = rules
                 .iter()
                 .map(|r| (r.prefix.as_str(), r.spec.name.as_str()));
@@ -72,15 +76,21 @@ impl Limiter {
                 let mut backstop = spec.clone();
                 backstop.algorithm = g.backstop;
                 backstop.name.push_str("/backstop");
+                let backstop_table = table_id(&common.domain, &backstop);
                 GlobalTables {
                     pool_prefix: prefix.clone(),
+                    pool_table: table,
                     pool: spec.algorithm,
-                    backstop_prefix: format!("sl{:08x}/", table_id(&common.domain, &backstop)),
+                    backstop_prefix: SlotKey::prefix(KIND, backstop_table),
+                    backstop_table,
                     backstop: g.backstop,
                 }
             });
             rules.push(Rule {
+                // (A key without variable parts has one slot.)
+                fixed: crate::keys::fixed_placement(&spec.key, seed, 1),
                 prefix,
+                table,
                 spec: spec.clone(),
                 global,
             });
@@ -97,6 +107,15 @@ impl Limiter {
     pub fn slot_key(&self, rule: usize, slot: u32) -> String {
         let prefix = self.rules.get(rule).map_or("", |r| r.prefix.as_str());
         crate::keys::slot_key(prefix, slot)
+    }
+
+    /// The same key, as numbers.
+    pub(super) fn slot(&self, rule: usize, slot: u32) -> SlotKey {
+        SlotKey {
+            kind: KIND,
+            table: self.rules.get(rule).map_or(0, |r| r.table),
+            slot,
+        }
     }
 
     /// How many slots the rule's table really uses (1 for constant keys).
@@ -138,12 +157,13 @@ impl Limiter {
             return;
         };
         let Some(g) = &r.global else { return };
-        let (prefix, algorithm) = if on {
-            (&g.backstop_prefix, g.backstop)
+        let (prefix, table, algorithm) = if on {
+            (&g.backstop_prefix, g.backstop_table, g.backstop)
         } else {
-            (&g.pool_prefix, g.pool)
+            (&g.pool_prefix, g.pool_table, g.pool)
         };
         r.prefix.clone_from(prefix);
+        r.table = table;
         r.spec.algorithm = algorithm;
     }
 

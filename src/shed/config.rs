@@ -9,11 +9,12 @@ use crate::matcher::Match;
 use serde::Deserialize;
 
 /// A request's priority class. Ordered: `Sheddable < Default < Critical`.
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
     Sheddable,
+    #[default]
     Default,
     Critical,
 }

@@ -51,6 +51,7 @@ use crate::config::fields::{check_state_id, StateId};
 use crate::config::{Common, ConfigError};
 use crate::pipeline::telemetry::Registry;
 use crate::request::RequestView;
+use crate::small::Small;
 use crate::store::{Store, StoreError};
 use adaptive::Auto;
 use codec::{encode_shared, Shared};
@@ -90,7 +91,7 @@ pub enum Wake {
 
 /// A shedder's number in its configuration: its place among the
 /// shedders, given by them (`Shedders::ids`, `Shedders::classify`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ShedderId(u32);
 
 /// One shedder: its specification, its shared entries' keys, what this
@@ -250,8 +251,8 @@ impl Shedders {
     }
 
     /// The shedders matching a request, with the request's class in each.
-    pub fn classify(&self, req: &dyn RequestView) -> Vec<(ShedderId, Class)> {
-        let mut out = Vec::new();
+    pub fn classify(&self, req: &dyn RequestView) -> Small<(ShedderId, Class), 1> {
+        let mut out = Small::new();
         for (i, r) in self.ids().zip(&self.all) {
             if !r.spec.matcher.matches(req) {
                 continue;

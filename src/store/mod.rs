@@ -11,10 +11,12 @@
 #[cfg(test)]
 pub(crate) mod memory;
 mod remembering;
+mod slot;
 #[cfg(test)]
 mod tests;
 
 pub use remembering::Remembering;
+pub use slot::{get_slot_by_text, KeyText, SlotKey, SmallEntry, SMALL};
 
 /// One stored value and its CAS token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +61,18 @@ pub trait Store {
     /// remembered answer must read again with `get` before acting on it.
     fn get_for_update(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         self.get(key)
+    }
+
+    /// `get_for_update` of a slot's key (`fresh`: `get`), its value inline
+    /// (see [`SmallEntry`]): the same key as its text, which a store may
+    /// keep by number.
+    fn get_slot(&self, key: SlotKey, fresh: bool) -> Result<Option<SmallEntry>, StoreError> {
+        get_slot_by_text(self, key, fresh)
+    }
+
+    /// `set` of a slot's key.
+    fn set_slot(&self, key: SlotKey, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        self.set(&key.text(), value, cas)
     }
 }
 

@@ -3,7 +3,7 @@
 //! (open, no probe left, graded breaking, the store down) gives back what
 //! the request claimed at the other breakers.
 
-use super::{Breakers, CallOutcome, Check, Event, Ticket};
+use super::{Breakers, CallOutcome, Check, Event, Ticket, Tickets};
 use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase};
 use crate::hash::Keyed;
 use crate::request::{Attribute, RequestView};
@@ -37,16 +37,30 @@ impl One {
 const STORE_DOWN_RETRY_MS: u64 = 1000;
 
 impl Breakers {
-    /// The request's key for a breaker: its hash, and its value.
-    fn key_of(&self, spec: &BreakerSpec, req: &dyn RequestView) -> Option<(u64, Vec<u8>)> {
-        let value = match &spec.key {
-            BreakerKey::Cluster => req.attribute(Attribute::ClusterName),
-            BreakerKey::Route => req.attribute(Attribute::RouteName),
-            BreakerKey::Header(h) => req.header(h),
-        }?;
-        let mut h = Keyed::new(self.seed);
-        h.field(&value);
-        Some((h.finish(), value))
+    /// The request's key for breaker `b`: its hash, and its value if the
+    /// key is not tracked yet (read in place, copied only then).
+    fn key_of(
+        &self,
+        b: usize,
+        spec: &BreakerSpec,
+        req: &dyn RequestView,
+    ) -> Option<(u64, Option<Vec<u8>>)> {
+        let mut found = None;
+        let mut key = |v: Option<&[u8]>| {
+            found = v.map(|value| {
+                let mut h = Keyed::new(self.seed);
+                h.field(value);
+                let key = h.finish();
+                let new = !self.local.contains_key(&(b, key));
+                (key, new.then(|| value.to_vec()))
+            });
+        };
+        match &spec.key {
+            BreakerKey::Cluster => req.attribute_with(Attribute::ClusterName, &mut key),
+            BreakerKey::Route => req.attribute_with(Attribute::RouteName, &mut key),
+            BreakerKey::Header(h) => req.header_with(h, &mut key),
+        }
+        found
     }
 
     /// Checks every matching breaker. A request failing fast at one breaker
@@ -60,7 +74,7 @@ impl Breakers {
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
     ) -> (Check, u32) {
-        let mut tickets = Vec::new();
+        let mut tickets = Tickets::new();
         let mut failures = 0;
         for b in 0..self.rules.len() {
             let Some(rule) = self.rules.get(b) else {
@@ -69,11 +83,12 @@ impl Breakers {
             if !rule.spec.matcher.matches(req) {
                 continue;
             }
-            let Some((key, value)) = self.key_of(&rule.spec, req) else {
+            let Some((key, value)) = self.key_of(b, &rule.spec, req) else {
                 continue;
             };
             let spec = rule.spec.clone();
-            let (one, failed) = self.check_one(store, now_ms, (b, key), &value, &spec, events);
+            let value = value.as_deref().unwrap_or_default();
+            let (one, failed) = self.check_one(store, now_ms, (b, key), value, &spec, events);
             failures += failed;
             let (retry_after_ms, half_open) = match one {
                 One::Pass(Some(t)) if spec.graded.is_some() => {
@@ -117,7 +132,7 @@ impl Breakers {
         &mut self,
         store: &dyn Store,
         now_ms: u64,
-        tickets: Vec<Ticket>,
+        tickets: Tickets,
         rng: &mut SplitMix,
         events: &mut Vec<Event>,
     ) -> u32 {

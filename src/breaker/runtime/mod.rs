@@ -39,7 +39,7 @@ pub struct Breaker {
 }
 
 /// A request that passed a breaker and must report its outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Ticket {
     pub breaker: usize,
     pub key: u64,
@@ -48,11 +48,14 @@ pub struct Ticket {
     pub epoch: u32,
 }
 
+/// A request's tickets: the first inline (no allocation per request).
+pub type Tickets = crate::small::Small<Ticket, 1>;
+
 /// The breakers' verdict on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
     /// Go on; report each ticket's outcome later.
-    Pass(Vec<Ticket>),
+    Pass(Tickets),
     /// Fail fast.
     FailFast {
         breaker: usize,

@@ -14,7 +14,7 @@ impl ShedStage {
         };
         let now_ns = cx.now().as_ns();
         let latency_us = now_ns.saturating_sub(since) / 1_000;
-        for &s in self.held.get(&id).map_or(&[][..], Vec::as_slice) {
+        for &s in self.held.get(&id).map_or(&[][..], |h| &h[..]) {
             self.shedders.sample(s, latency_us, now_ns / 1_000_000);
         }
     }

@@ -112,7 +112,7 @@ impl ShedStage {
         &mut self,
         cx: &mut Cx<'_, '_>,
         (id, now): (StreamId, u64),
-        classes: Vec<(ShedderId, Class)>,
+        classes: &[(ShedderId, Class)],
         until: Option<u64>,
         watched: &mut Vec<ShedderId>,
     ) -> Option<Step> {

@@ -23,6 +23,7 @@ use crate::hash::FastMap;
 use crate::pipeline::stage::{Cx, Decision, Signal, Stage, Step, StreamId};
 use crate::pipeline::telemetry::Registry;
 use crate::request::{RequestView, ResponseView};
+use crate::small::Small;
 use crate::time::Instant;
 use log::{debug, warn};
 
@@ -31,7 +32,7 @@ pub struct ShedStage {
     shedders: Shedders,
     jitter_ns: u64,
     /// Concurrency slots held, by stream (their shedders).
-    held: FastMap<StreamId, Vec<ShedderId>>,
+    held: FastMap<StreamId, Small<ShedderId, 1>>,
     /// With an adaptive limit: when each stream holding a slot was admitted
     /// (ns), for its latency sample.
     admitted_ns: FastMap<StreamId, u64>,
@@ -142,7 +143,7 @@ impl Stage for ShedStage {
         let classes = self.shedders.classify(req);
         let mut watched = Vec::new();
         let until = cx.wait_until(id).map(Instant::as_ms);
-        let step = self.arrive(cx, (id, now), classes, until, &mut watched);
+        let step = self.arrive(cx, (id, now), &classes, until, &mut watched);
         self.ask_merge_soon(cx);
         if let Some(Step::Reply(r)) = step {
             for s in watched {

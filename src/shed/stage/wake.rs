@@ -77,7 +77,7 @@ impl ShedStage {
         let now = cx.now().as_ms();
         let until = cx.wait_until(id).map(Instant::as_ms);
         let mut watched = Vec::new();
-        match self.arrive(cx, (id, now), rest.classes, until, &mut watched) {
+        match self.arrive(cx, (id, now), &rest.classes, until, &mut watched) {
             None => {
                 self.watch(id, watched, now);
                 self.go_on(cx, id);
