@@ -7,8 +7,8 @@
 //! reply runs the response hooks, a resumed stream its later filters).
 
 use crate::abi::{self, FilterPtr};
-use crate::adapter::{Effect, Engine, Outcome, Verdict};
-use crate::config::{FilterConfig, Worker, WorkerState};
+use crate::adapter::{Effect, Engine, Outcome, Signal, Verdict};
+use crate::config::{FilterConfig, InHook, Worker, WorkerState};
 use crate::metrics::EnvoySink;
 use crate::reply;
 use crate::ticker;
@@ -78,6 +78,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return abi::CONTINUE;
         };
+        let _hook = InHook::enter(w);
         let req = HostRequest(self.envoy);
         let (id, envoy) = (self.id, self.envoy);
         let m = &mut self.sink(envoy);
@@ -128,6 +129,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return abi::CONTINUE;
         };
+        let _hook = InHook::enter(w);
         let resp = HostResponse(self.envoy);
         let id = self.id;
         let m = &mut self.sink(self.envoy);
@@ -150,6 +152,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return;
         };
+        let _hook = InHook::enter(w);
         let id = self.id;
         let m = &mut self.sink(self.envoy);
         let done = self.config.with(w, |e, st| {
@@ -162,12 +165,27 @@ impl Filter {
         }
     }
 
-    /// Carries out the effects on the worker's other streams. Calls out
-    /// and words to other workers (global rules) are not carried out yet.
+    /// Carries out the effects on the worker's other streams, a new tick
+    /// period (the main thread ticks the worker by then if no hook does)
+    /// and wake-ups of the leader (`ticker::wake`). A worker's pipeline
+    /// makes no calls (it never leads); it listens on no queue: what a
+    /// wake-up of a worker would do, its 1 ms tick does while streams
+    /// wait on it.
     fn carry_out(&self, w: &Worker, out: Outcome) {
         if let Some(tick) = out.tick {
-            let ms = tick.as_ms();
-            let _ = self.config.with(w, |_, st| st.tick_ms = ms);
+            let now = crate::adapter::now_ns() / 1_000_000;
+            let next = self.config.with(w, |_, st| {
+                st.set_period(tick.as_ms(), now);
+                st.next_tick_ms
+            });
+            if let (Some(next), Some(key)) = (next, self.config.main.key()) {
+                ticker::main_soon(key, next);
+            }
+        }
+        for s in &out.signals {
+            if let Signal::Wake(name) = s {
+                ticker::wake(name);
+            }
         }
         for e in out.effects {
             let (stream, again) = match e {
@@ -262,6 +280,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return;
         };
+        let _hook = InHook::enter(w);
         let m = &mut self.sink(self.envoy);
         let ticked = self.config.with(w, |e, st| {
             st.next_tick_ms = 0;
@@ -306,13 +325,21 @@ fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
 }
 
 /// The worker's tick, if due: the pipeline's periodic work, run from the
-/// worker's own hooks (see `native/README.md` for what is not ticked yet).
+/// worker's own hooks (the main thread runs it when no hook does).
 fn tick_if_due(e: &mut Engine, st: &mut WorkerState, m: &mut EnvoySink<'_>) -> Outcome {
+    // What a tick the main thread ran for the worker left to it, first.
+    let mut effects = std::mem::take(&mut st.deferred);
     let now_ms = crate::adapter::now_ns() / 1_000_000;
     if now_ms < st.next_tick_ms {
-        return Outcome::default();
+        return Outcome {
+            effects,
+            ..Outcome::default()
+        };
     }
     let period = if st.tick_ms == 0 { 100 } else { st.tick_ms };
     st.next_tick_ms = now_ms.saturating_add(period);
-    e.tick(m)
+    let mut out = e.tick(m);
+    effects.append(&mut out.effects);
+    out.effects = effects;
+    out
 }

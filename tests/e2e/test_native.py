@@ -47,6 +47,16 @@ def test_every_callback_the_module_imports_is_in_this_envoy():
     assert not missing, missing
 
 
+def test_the_module_exports_the_hooks_of_its_main_thread_work():
+    """Envoy 1.40 resolves a configuration's scheduler and stream hooks
+    only if the module exports them, and a module without them loads: its
+    ticks and its calls' answers would never reach it, silently."""
+    exported = symbols(NATIVE, "--defined-only")
+    hooks = ["scheduled"] + [f"http_stream_{e}" for e in ("headers", "data", "trailers", "complete", "reset")]
+    missing = {f"envoy_dynamic_module_on_http_filter_config_{h}" for h in hooks} - exported
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("workers", [2, 4])
 def test_a_token_bucket_is_exact_across_workers(workers):
     """burst 40, 200 requests at once over 20 connections on 2 or 4
