@@ -12,8 +12,8 @@ import time
 import pytest
 
 import http1
-from harness import (ROOT, WASM, Envoy, free_port, front_bootstrap, metric, time_passes, upstream_bootstrap, wait_until,
-                     wasm_filter)
+from harness import (ROOT, WASM, Envoy, free_port, front_bootstrap, metric, sluice_filter, time_passes,
+                     upstream_bootstrap, wait_until)
 from rls import Redis, RlsServer, rls_cluster, wait_out_window_edge
 
 RLS_DOMAIN = "fleet"
@@ -42,7 +42,7 @@ class Upstream(Envoy):
 
 def replica(upstream, rls_port, config, concurrency=2):
     port = free_port()
-    boot = front_bootstrap(port, free_port(), upstream.port, [wasm_filter(config)])
+    boot = front_bootstrap(port, free_port(), upstream.port, [sluice_filter(config)])
     boot["static_resources"]["clusters"].append(rls_cluster("rls", rls_port))
     e = Envoy(boot, concurrency=concurrency)
     e.port = port
@@ -310,6 +310,7 @@ def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
         assert rls.stats()["calls"] >= 20
 
 
+@pytest.mark.wasm_only("the wasm module's exports (test_native.py checks the native build's hooks)")
 def test_the_module_keeps_the_callbacks_its_calls_need():
     """The export stripping keeps proxy_on_grpc_receive and
     proxy_on_grpc_close: without them Envoy never hands the service's
