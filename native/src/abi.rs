@@ -132,6 +132,8 @@ pub const LOG_ERROR: u32 = 4;
 extern "C" {
     pub fn envoy_dynamic_module_callback_log(level: u32, message: Buffer);
     pub fn envoy_dynamic_module_callback_log_enabled(level: u32) -> bool;
+    /// Envoy's worker count (main thread only; 0 if unknown).
+    pub fn envoy_dynamic_module_callback_get_concurrency() -> u32;
     pub fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterPtr,
         header_type: u32,

@@ -31,18 +31,37 @@ fn now() -> Instant {
     Instant::from_ns(now_ns())
 }
 
-/// Metrics that go nowhere: at configuration, before any stream.
-pub struct NoMetrics;
+/// Metrics kept for later: a pipeline's first changes (its start's), made
+/// before Envoy has its metrics defined, which are defined from it.
+#[derive(Default)]
+pub struct Recorder(Vec<(MetricId, Change)>);
 
-impl Sink for NoMetrics {
-    fn add(&mut self, _m: MetricId, _by: i64) {
-        // Nowhere to go.
+enum Change {
+    Add(i64),
+    Record(u64),
+}
+
+impl Sink for Recorder {
+    fn add(&mut self, m: MetricId, by: i64) {
+        self.0.push((m, Change::Add(by)));
     }
-    fn add_now(&mut self, _m: MetricId, _by: i64) {
-        // Nowhere to go.
+    fn add_now(&mut self, m: MetricId, by: i64) {
+        self.0.push((m, Change::Add(by)));
     }
-    fn record(&mut self, _m: MetricId, _value: u64) {
-        // Nowhere to go.
+    fn record(&mut self, m: MetricId, value: u64) {
+        self.0.push((m, Change::Record(value)));
+    }
+}
+
+impl Recorder {
+    /// Makes the changes kept, in order.
+    pub fn replay(self, to: &mut dyn Sink) {
+        for (m, c) in self.0 {
+            match c {
+                Change::Add(by) => to.add(m, by),
+                Change::Record(v) => to.record(m, v),
+            }
+        }
     }
 }
 
@@ -87,19 +106,19 @@ pub enum Role {
 impl Engine {
     /// Builds and starts a pipeline of `config` (`seed`: the hash seed
     /// every worker shares; `tag`: this pipeline's random tag; `rng`: seeds
-    /// jitter).
+    /// jitter), its start's metric changes to `sink`.
     pub fn build(
         config: &Config,
         seed: (u64, u64),
         (tag, rng): (u32, u64),
-        role: Role,
+        (role, sink): (Role, &mut dyn Sink),
     ) -> Result<Self, String> {
         let build = match role {
             Role::Main => wiring::pipeline,
             Role::Worker => wiring::follower,
         };
         let mut pipeline = build(config, seed, tag, now(), rng).map_err(|e| e.to_string())?;
-        with_env(&mut NoMetrics, |env| pipeline.start(env))?;
+        with_env(sink, |env| pipeline.start(env))?;
         Ok(Engine { pipeline })
     }
 

@@ -11,7 +11,7 @@
 //! reply holds an `Rc`) is in use elsewhere.
 
 use crate::abi::{ConfigEnvoyPtr, FilterPtr};
-use crate::adapter::{self, Effect, Engine, Role};
+use crate::adapter::{self, Effect, Engine, Recorder, Role};
 use crate::config_metrics::ConfigSink;
 use crate::main_thread::MainThread;
 use crate::metrics::{self, Ids};
@@ -138,14 +138,16 @@ impl FilterConfig {
         let config = adapter::parse(bytes)?;
         let seed = shared_seed(store::shared(), &config.common.domain)
             .ok_or("could not create the shared hash seed")?;
-        let main = Engine::build(
-            &config,
-            seed,
-            (random_u64() as u32, random_u64()),
-            Role::Main,
-        )?;
+        // Its start's metric changes, made once Envoy's metrics are defined.
+        let mut started = Recorder::default();
+        let tags = (random_u64() as u32, random_u64());
+        let main = Engine::build(&config, seed, tags, (Role::Main, &mut started))?;
         let reason_header = main.reason_header().map(str::to_string);
         let metrics = metrics::define(envoy, main.metric_defs());
+        started.replay(&mut ConfigSink {
+            ids: &metrics,
+            config: envoy,
+        });
         let empty = main.is_empty();
         let mut main = MainThread::new(main);
         if !empty {
@@ -157,7 +159,7 @@ impl FilterConfig {
                 ..Worker::default()
             })
             .collect();
-        Ok(FilterConfig {
+        let c = FilterConfig {
             deny: config.common.failure_mode_deny,
             reason_header,
             empty,
@@ -168,7 +170,38 @@ impl FilterConfig {
             seed,
             workers,
             built: AtomicUsize::new(0),
-        })
+        };
+        if !c.empty {
+            c.build_workers();
+        }
+        log::info!(
+            "sluice: configured {} rate-limit rule(s), {} circuit breaker(s), {} shedder(s)",
+            c.config.rules.len(),
+            c.config.breakers.len(),
+            c.config.shedders.len()
+        );
+        Ok(c)
+    }
+
+    /// Builds every worker's pipeline now, at load, as the wasm build
+    /// configures a VM per worker: creating what a pipeline needs in the
+    /// store (checking every slot of a large table, say) is not left to
+    /// a worker's first request. A worker Envoy does not count builds its
+    /// own on its first stream.
+    fn build_workers(&self) {
+        // SAFETY: a plain query, on the main thread (`config_new`'s).
+        let n = unsafe { crate::abi::envoy_dynamic_module_callback_get_concurrency() } as usize;
+        for w in self.workers.iter().take(n) {
+            let Ok(mut st) = w.state.lock() else {
+                continue;
+            };
+            match self.build(Role::Worker) {
+                Ok(e) => st.engine = Some(e),
+                Err(e) => log::error!("sluice: {e}"),
+            }
+        }
+        self.built
+            .fetch_max(n.min(self.workers.len()), Ordering::AcqRel);
     }
 
     /// The worker of this index, if it has a pipeline.
@@ -190,7 +223,8 @@ impl FilterConfig {
     /// after a panic).
     pub fn build(&self, role: Role) -> Result<Engine, String> {
         let tags = (random_u64() as u32, random_u64());
-        Engine::build(&self.config, self.seed, tags, role)
+        let sink = &mut self.config_sink();
+        Engine::build(&self.config, self.seed, tags, (role, sink))
     }
 
     /// Metrics through Envoy's configuration (no stream at hand).

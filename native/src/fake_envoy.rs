@@ -47,6 +47,11 @@ pub unsafe fn envoy_dynamic_module_callback_log_enabled(_level: u32) -> bool {
     false
 }
 
+/// Two workers, as the tests' Envoys have.
+pub unsafe fn envoy_dynamic_module_callback_get_concurrency() -> u32 {
+    2
+}
+
 pub unsafe fn envoy_dynamic_module_callback_http_get_header(
     f: FilterPtr,
     header_type: u32,
