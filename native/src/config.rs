@@ -1,27 +1,21 @@
 //! One filter configuration: sluice's validated configuration, the hash
-//! seed every worker shares, one pipeline per Envoy worker, as the wasm
-//! build has one per VM (a VM per worker), and one on Envoy's main thread
-//! (`main_thread`), as the wasm build's main-thread VM: the same
-//! per-pipeline state, and the same shared state (the store) between them.
-//!
-//! A worker's state is used by one thread at a time, under its lock: its
-//! own worker's, from that worker's hooks; or the main thread's, which
-//! ticks a worker no hook ticks, and only while none of that worker's
-//! hooks runs (`Worker::depth`), so nothing the pipeline handed out (a
-//! reply holds an `Rc`) is in use elsewhere.
+//! seed every worker shares, one pipeline per Envoy worker (`worker`), as
+//! the wasm build has one per VM (a VM per worker), and one on Envoy's
+//! main thread (`main_thread`), as the wasm build's main-thread VM: the
+//! same per-pipeline state, and the same shared state (the store) between
+//! them.
 
 use crate::abi::{ConfigEnvoyPtr, FilterPtr};
-use crate::adapter::{self, Effect, Engine, Recorder, Role};
+use crate::adapter::{self, Engine, Recorder, Role};
 use crate::config_metrics::ConfigSink;
 use crate::main_thread::MainThread;
 use crate::metrics::{self, Ids};
 use crate::store;
+pub use crate::worker::{InHook, Worker, WorkerState};
 use sluice::store::Store;
 use sluice::wiring::Config;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Workers with a pipeline: a stream on a worker of a higher index passes
 /// untouched (logged once).
@@ -31,73 +25,6 @@ pub const MAX_WORKERS: usize = 256;
 pub fn random_u64() -> u64 {
     RandomState::new().hash_one(adapter::now_ns())
 }
-
-/// A token of the calling thread (the address of a thread-local): who
-/// holds a worker's lock.
-fn this_thread() -> usize {
-    thread_local!(static TOKEN: u8 = const { 0 });
-    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
-}
-
-/// What one worker keeps of a configuration.
-#[derive(Default)]
-pub struct WorkerState {
-    /// Built on the worker's first stream.
-    pub engine: Option<Engine>,
-    /// The streams paused on this worker, by id: the effects of the
-    /// pipeline name streams by id.
-    pub paused: HashMap<u32, FilterPtr>,
-    /// Paused streams whose own request hook is still running (a stream
-    /// let go from inside it must not be continued by a call into Envoy:
-    /// its hook returns `Continue` instead).
-    pub in_hook: Vec<u32>,
-    /// Streams of `in_hook` let go meanwhile.
-    pub went_on: Vec<u32>,
-    /// When the pipeline's next tick is due (ms since the epoch).
-    pub next_tick_ms: u64,
-    /// The tick period asked for (ms).
-    pub tick_ms: u64,
-    /// Effects of a tick the main thread ran on the worker's behalf, for
-    /// the worker to carry out (none in practice: the main thread ticks a
-    /// worker only while no stream waits on it).
-    pub deferred: Vec<Effect>,
-    /// Building the pipeline failed: the worker's streams pass.
-    failed: bool,
-}
-
-impl WorkerState {
-    /// The pipeline asked for the tick period `ms`: its next tick comes no
-    /// later than that from `now` (ms).
-    pub fn set_period(&mut self, ms: u64, now: u64) {
-        self.tick_ms = ms.max(1);
-        self.next_tick_ms = self.next_tick_ms.min(now + self.tick_ms);
-    }
-}
-
-/// One worker's share of a configuration.
-#[derive(Default)]
-pub struct Worker {
-    state: Mutex<WorkerState>,
-    /// Its index (Envoy's).
-    index: u32,
-    /// The thread holding `state`'s lock (see `this_thread`; 0: none).
-    holder: AtomicUsize,
-    /// This worker's hooks running (nested ones included): while any
-    /// does, values the pipeline handed out may be in use on the worker.
-    pub depth: AtomicU32,
-}
-
-// SAFETY: a worker's state (its pipeline holds `Rc`s; the paused streams'
-// Envoy pointers) is used by one thread at a time under its lock, and the
-// values it hands out stay on the thread that asked for them: its
-// worker's, which holds them only while one of its hooks runs (`depth`);
-// the main thread takes the lock only while no such hook runs, and lets
-// nothing of the pipeline out of it; the paused streams' pointers are
-// used on their worker only. At the end (dropping the configuration) no
-// stream holds it.
-unsafe impl Send for Worker {}
-// SAFETY: as above; the mutex orders the accesses.
-unsafe impl Sync for Worker {}
 
 /// Envoy's configuration object: its metric callbacks are thread-safe,
 /// its stream and scheduler callbacks are used on the main thread only.
@@ -153,12 +80,7 @@ impl FilterConfig {
         if !empty {
             main.start(envoy);
         }
-        let workers = (0..MAX_WORKERS as u32)
-            .map(|index| Worker {
-                index,
-                ..Worker::default()
-            })
-            .collect();
+        let workers = (0..MAX_WORKERS as u32).map(Worker::new).collect();
         let c = FilterConfig {
             deny: config.common.failure_mode_deny,
             reason_header,
@@ -192,7 +114,7 @@ impl FilterConfig {
         // SAFETY: a plain query, on the main thread (`config_new`'s).
         let n = unsafe { crate::abi::envoy_dynamic_module_callback_get_concurrency() } as usize;
         for w in self.workers.iter().take(n) {
-            let Ok(mut st) = w.state.lock() else {
+            let Some(mut st) = w.lock_alone() else {
                 continue;
             };
             match self.build(Role::Worker) {
@@ -244,24 +166,29 @@ impl FilterConfig {
         w: &Worker,
         f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
     ) -> Option<R> {
-        let me = this_thread();
-        let mut guard = match w.state.try_lock() {
-            Ok(g) => g,
-            // A panic in an earlier call: its pipeline was dropped by the
-            // unwinding (it is taken out while in use), so a new one is
-            // built, as a wasm VM is restarted; the rest is whole.
-            Err(TryLockError::Poisoned(p)) => recover(p.into_inner(), w),
-            Err(TryLockError::WouldBlock) if w.holder.load(Ordering::Relaxed) == me => {
-                return None;
-            }
-            // The main thread ticking it: a moment.
-            Err(TryLockError::WouldBlock) => match w.state.lock() {
-                Ok(g) => g,
-                Err(p) => recover(p.into_inner(), w),
-            },
+        // A panic in an earlier call poisons the lock: its pipeline was
+        // dropped by the unwinding (it is taken out while in use), so a new
+        // one is built, as a wasm VM is restarted; the streams it had
+        // paused are let go.
+        let mut state = w.lock_from_hook()?;
+        let orphans = if state.panicked {
+            state.orphans(w)
+        } else {
+            Vec::new()
         };
-        let held = Held::new(w, me);
-        let state = &mut *guard;
+        let r = self.run(w, &mut state, f);
+        drop(state);
+        self.let_go(orphans);
+        r
+    }
+
+    /// Runs `f` on a worker's state, its pipeline built if it has none.
+    fn run<R>(
+        &self,
+        w: &Worker,
+        state: &mut WorkerState,
+        f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
+    ) -> Option<R> {
         if state.engine.is_none() && !state.failed {
             match self.build(Role::Worker) {
                 Ok(e) => {
@@ -277,8 +204,24 @@ impl FilterConfig {
         let mut engine = state.engine.take()?;
         let r = f(&mut engine, state);
         state.engine = Some(engine);
-        drop(held);
         Some(r)
+    }
+
+    /// Streams a pipeline lost in a panic had paused go on, or, with
+    /// `failure_mode_deny`, are answered 500: the failure policy of a
+    /// panic, as in a request's own hook (with the state unlocked).
+    fn let_go(&self, orphans: Vec<FilterPtr>) {
+        for envoy in orphans {
+            if self.deny {
+                crate::reply::respond(envoy, 500, &[], "sluice: internal error\n");
+            } else {
+                // SAFETY: a paused stream's filter lives until its end,
+                // which would have taken it out of `paused`.
+                unsafe {
+                    crate::abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy)
+                };
+            }
+        }
     }
 
     /// Runs `f` on worker `w`'s state from the main thread, if no hook of
@@ -289,57 +232,11 @@ impl FilterConfig {
         w: &Worker,
         f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
     ) -> Option<R> {
-        let mut guard = w.state.try_lock().ok()?;
-        // Read under the lock: a hook that starts now waits for it.
-        if w.depth.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let held = Held::new(w, this_thread());
-        let state = &mut *guard;
+        let mut state = w.lock_if_idle()?;
         let mut engine = state.engine.take()?;
-        let r = f(&mut engine, state);
+        let r = f(&mut engine, &mut state);
         state.engine = Some(engine);
-        drop(held);
         Some(r)
-    }
-}
-
-/// The lock of a worker's state after a panic.
-fn recover<'a>(g: MutexGuard<'a, WorkerState>, w: &Worker) -> MutexGuard<'a, WorkerState> {
-    w.state.clear_poison();
-    g
-}
-
-/// Says which thread holds a worker's lock, for as long as it lives (also
-/// when a panic unwinds).
-struct Held<'a>(&'a Worker);
-
-impl<'a> Held<'a> {
-    fn new(w: &'a Worker, me: usize) -> Self {
-        w.holder.store(me, Ordering::Relaxed);
-        Held(w)
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.holder.store(0, Ordering::Relaxed);
-    }
-}
-
-/// A hook of a worker runs (see `Worker::depth`) while this lives.
-pub struct InHook<'a>(&'a Worker);
-
-impl<'a> InHook<'a> {
-    pub fn enter(w: &'a Worker) -> Self {
-        w.depth.fetch_add(1, Ordering::SeqCst);
-        InHook(w)
-    }
-}
-
-impl Drop for InHook<'_> {
-    fn drop(&mut self) {
-        self.0.depth.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -355,7 +252,7 @@ impl Drop for FilterConfig {
         };
         self.main.close(sink);
         for w in self.workers.iter() {
-            if let Ok(mut state) = w.state.lock() {
+            if let Some(mut state) = w.lock_alone() {
                 if let Some(e) = state.engine.as_mut() {
                     // No stream is left to carry effects out on.
                     let _ = e.close(sink);

@@ -49,10 +49,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
         return;
     }
     let next = guard("config tick", None, || Some(c.main_tick()));
-    if let Some(key) = c.main.key() {
-        let fallback = crate::adapter::now_ns() / 1_000_000 + crate::main_thread::SLOW_MS;
-        ticker::main_ran(key, next.unwrap_or(fallback));
-    }
+    guard("config tick", (), || {
+        if let Some(key) = c.main.key() {
+            let fallback = crate::main_thread::now_ms() + crate::main_thread::SLOW_MS;
+            ticker::main_ran(key, next.unwrap_or(fallback));
+        }
+    });
 }
 
 #[no_mangle]

@@ -271,7 +271,7 @@ impl Filter {
             self.scheduler.set(scheduler);
         }
         if !scheduler.is_null() {
-            ticker::wait(worker_key(w), self.id, scheduler);
+            ticker::wait(w.key(), self.id, scheduler);
         }
     }
 
@@ -301,7 +301,7 @@ impl Drop for Filter {
             // Out of the ticker's list whatever happened before (`end`
             // does it for a stream still paused).
             if let Some(w) = self.worker() {
-                ticker::done(worker_key(w), self.id);
+                ticker::done(w.key(), self.id);
             }
             // SAFETY: made by `scheduler_new` for this stream, deleted once,
             // after `end` took it out of the ticker's list.
@@ -310,16 +310,11 @@ impl Drop for Filter {
     }
 }
 
-/// A worker's identity for the ticker.
-fn worker_key(w: &Worker) -> usize {
-    std::ptr::from_ref(w) as usize
-}
-
 /// Stream `id` no longer waits on worker `w`: its Envoy filter, if it did.
 fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
     let found = st.paused.remove(&id);
     if found.is_some() {
-        ticker::done(worker_key(w), id);
+        ticker::done(w.key(), id);
     }
     found
 }

@@ -6,7 +6,8 @@
 //! - `hooks` (this file): every event hook Envoy 1.40 resolves, each
 //!   catching a panic and applying the failure policy.
 //! - [`adapter`]: the one place that calls the core's pipeline.
-//! - [`config`]: a filter configuration, with one pipeline per worker.
+//! - [`config`]: a filter configuration, with one pipeline per worker
+//!   ([`worker`]: its state and the lock it is used under).
 //! - [`main_thread`]: its pipeline on Envoy's main thread (the leader of
 //!   its global rules); [`idle`]: that thread's tick, which also ticks the
 //!   workers no hook ticks; [`config_hooks`]: that thread's hooks;
@@ -50,3 +51,4 @@ mod store;
 mod tests;
 mod ticker;
 mod views;
+mod worker;
