@@ -289,6 +289,21 @@ def test_a_new_keys_first_tokens_come_without_waiting_for_the_leaders_tick():
         assert waits[-1] < 1000, waits
 
 
+def test_a_key_seen_once_is_called_for_though_no_more_traffic_comes():
+    """One request of a new key, refused while its first batch is fetched,
+    then silence: the worker that saw it has no more traffic, yet its
+    demand is reported and the leader calls for the key (the native build
+    ticks a worker without traffic from Envoy's main thread); the key's
+    requests are admitted once the answer is in."""
+    with RlsServer(limits(100_000)) as rls, Upstream() as up, \
+            replica(up, rls.port, plugin(100_000, instances=1)) as e:
+        e.wait_stat(metric("sluice_global_leader", domain="global-test"), 1, timeout=10)
+        calls = rls.stats()["calls"]
+        assert get(e.port, "lonely").status == 429
+        wait_until(lambda: rls.stats()["calls"] > calls, 2, "a call for the key, with no more requests")
+        wait_until(lambda: get(e.port, "lonely").status == 200, 2, "the key's tokens")
+
+
 def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
     """`wait_for_tokens`: a request of a key whose first batch is being
     fetched waits for it, about a round trip, instead of being refused:
