@@ -10,7 +10,7 @@ use crate::adapter::{Engine, Outcome, Signal};
 use crate::calls::{self, InFlight};
 use crate::config_metrics::ConfigSink;
 use crate::ticker;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// The slow tick (ms), the period unless a pipeline asks for another.
 pub const SLOW_MS: u64 = 100;
@@ -94,6 +94,15 @@ impl MainThread {
         }
     }
 
+    /// Its state. After a panic in a call the pipeline is gone (taken out
+    /// while in use) and built again by the next (`run`); the rest is whole.
+    fn state(&self) -> MutexGuard<'_, MainState> {
+        self.state.lock().unwrap_or_else(|p| {
+            self.state.clear_poison();
+            p.into_inner()
+        })
+    }
+
     /// The ticker's key of this configuration.
     pub fn key(&self) -> Option<usize> {
         self.scheduler.map(|(_, k)| k)
@@ -101,19 +110,15 @@ impl MainThread {
 
     /// The pipeline gives back what it holds (its lease, say).
     pub fn close(&self, sink: &mut ConfigSink<'_>) {
-        if let Ok(mut st) = self.state.lock() {
-            if let Some(e) = st.engine.as_mut() {
-                let _ = e.close(sink);
-            }
+        if let Some(e) = self.state().engine.as_mut() {
+            let _ = e.close(sink);
         }
     }
 
     /// Ticks the pipeline if due; when its next tick is due (ms).
     pub fn tick(&self, h: &dyn Host, now: u64) -> u64 {
         let out = {
-            let Ok(mut st) = self.state.lock() else {
-                return now + SLOW_MS;
-            };
+            let mut st = self.state();
             if now < st.next_tick_ms {
                 return st.next_tick_ms;
             }
@@ -123,7 +128,7 @@ impl MainThread {
         if let Some(out) = out {
             self.carry_out(h, out, true);
         }
-        self.state.lock().map_or(now + SLOW_MS, |s| s.next_tick_ms)
+        self.state().next_tick_ms
     }
 
     /// Woken through the queues it listens on.
@@ -132,10 +137,7 @@ impl MainThread {
             return;
         };
         for name in ticker::take_woken(key) {
-            let out = match self.state.lock() {
-                Ok(mut st) => run(&mut st, h, |e, sink| e.woken(sink, &name)),
-                Err(_) => None,
-            };
+            let out = run(&mut self.state(), h, |e, sink| e.woken(sink, &name));
             if let Some(out) = out {
                 self.carry_out(h, out, true);
             }
@@ -144,33 +146,30 @@ impl MainThread {
 
     /// What has come back of a call: headers, or (`trailers`) trailers.
     pub fn call_headers(&self, stream: u64, headers: &[(Vec<u8>, Vec<u8>)], trailers: bool) {
-        if let Ok(mut st) = self.state.lock() {
-            if trailers {
-                st.calls.trailers(stream, headers);
-            } else {
-                st.calls.headers(stream, headers);
-            }
+        let mut st = self.state();
+        if trailers {
+            st.calls.trailers(stream, headers);
+        } else {
+            st.calls.headers(stream, headers);
         }
     }
 
     /// A piece of a call's answer.
     pub fn call_data(&self, stream: u64, bytes: &[u8]) {
-        if let Ok(mut st) = self.state.lock() {
-            st.calls.data(stream, bytes);
-        }
+        self.state().calls.data(stream, bytes);
     }
 
     /// A call's stream ended (`complete`) or was reset: the pipeline hears
     /// how the call went.
     pub fn call_end(&self, h: &dyn Host, stream: u64, complete: bool) {
-        let out = match self.state.lock() {
-            Ok(mut st) => match st.calls.end(stream, complete) {
+        let out = {
+            let mut st = self.state();
+            match st.calls.end(stream, complete) {
                 Some((id, body)) => {
                     run(&mut st, h, |e, sink| e.call_done(sink, id, body.as_deref()))
                 }
                 None => None,
-            },
-            Err(_) => None,
+            }
         };
         if let Some(out) = out {
             self.carry_out(h, out, true);
@@ -183,12 +182,13 @@ impl MainThread {
     /// start's answer asks for: the next tick's).
     fn carry_out(&self, h: &dyn Host, out: Outcome, start_calls: bool) {
         if let Some(period) = out.tick {
-            let next = self.state.lock().ok().map(|mut st| {
+            let next = {
+                let mut st = self.state();
                 st.tick_ms = period.as_ms().max(1);
                 st.next_tick_ms = st.next_tick_ms.min(now_ms() + st.tick_ms);
                 st.next_tick_ms
-            });
-            if let (Some(next), Some(key)) = (next, self.key()) {
+            };
+            if let Some(key) = self.key() {
                 ticker::main_soon(key, next);
             }
         }
@@ -209,16 +209,13 @@ impl MainThread {
         }
         for c in out.calls {
             if let Some(stream) = calls::start(h.envoy(), &c) {
-                if let Ok(mut st) = self.state.lock() {
-                    st.calls.insert(stream, c.id);
-                }
+                self.state().calls.insert(stream, c.id);
                 continue;
             }
             log::debug!("sluice: could not call cluster {}", c.cluster);
-            let out = match self.state.lock() {
-                Ok(mut st) => run(&mut st, h, |e, sink| e.call_done(sink, c.id, None)),
-                Err(_) => None,
-            };
+            let out = run(&mut self.state(), h, |e, sink| {
+                e.call_done(sink, c.id, None)
+            });
             if let Some(out) = out {
                 self.carry_out(h, out, false);
             }

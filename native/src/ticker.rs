@@ -231,6 +231,9 @@ fn commit_due(s: &mut State, now: u64) -> Option<u64> {
     let mut next: Option<u64> = (!s.waiting.is_empty()).then_some(1);
     for m in s.mains.values_mut() {
         if m.pending_ms != 0 && now < m.pending_ms + LOST_MS {
+            // Committed: `main_ran` tells when it ran, or it is lost.
+            let lost = m.pending_ms + LOST_MS - now;
+            next = Some(next.map_or(lost, |n| n.min(lost)));
             continue;
         }
         if m.due_ms <= now {
