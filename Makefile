@@ -170,7 +170,7 @@ test-e2e: build $(ENVOY) $(VENV)/.jsonschema container-deps obs-deps rls redis-d
 # The product's end-to-end tests (tests/e2e) on the native build instead of
 # the wasm one (SLUICE_HOST=native, the release module): every test that
 # applies to it; those that cannot (Istio's WasmPlugin, the wasm store's and
-# filter's own) are skipped, saying why. About 4.5 minutes.
+# filter's own) are skipped, saying why. About 4 minutes.
 test-e2e-native: build-native $(ENVOY) rls redis-deps
 	SLUICE_HOST=native SLUICE_NATIVE=$(CURDIR)/$(NATIVE) $(PY) -m pytest tests/e2e -v -m "not native" -rs --durations=15
 
