@@ -1,6 +1,8 @@
 """Front Envoys whose sluice filter is delivered through ECDS (Extension
 Config Discovery), from a file the test rewrites, as Istio delivers a
-WasmPlugin (there over ADS; the resource and the filter are the same).
+WasmPlugin (there over ADS; the resource and the filter are the same), or
+Envoy Gateway an `EnvoyExtensionPolicy`'s dynamic module: the suite's host
+(harness.HOST) by default.
 
 `EcdsStack(config)` starts a direct-response upstream and a front Envoy
 whose HTTP filter `sluice` has `config_discovery` pointing at a file-based
@@ -17,10 +19,12 @@ import time
 from pathlib import Path
 
 import http1
-from harness import (CONFIG_APPLIED_S, TRAFFIC_SEEN_S, WASM, Envoy, Pair, free_port, front_bootstrap, time_passes,
-                     upstream_bootstrap, wait_until)
+from harness import (CONFIG_APPLIED_S, HOST, TRAFFIC_SEEN_S, WASM, Envoy, Pair, free_port, front_bootstrap, native_filter,
+                     time_passes, upstream_bootstrap, wait_until)
 
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+NATIVE_TYPE = "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
+FILTER_TYPES = {"wasm": WASM_TYPE, "native": NATIVE_TYPE}
 TEC_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 
 
@@ -45,6 +49,15 @@ def plugin_config(configuration, name="sluice", root_id="sluice", vm_id="sluice"
     return {"@type": WASM_TYPE, "config": cfg}
 
 
+def host_config(configuration, host=None):
+    """The filter config of `host` (the suite's by default) with this plugin
+    configuration: `plugin_config`'s, or the native build's
+    DynamicModuleFilter."""
+    if (host or HOST) == "wasm":
+        return plugin_config(configuration)
+    return native_filter(configuration)["typed_config"]
+
+
 def discovery_response(resource_name, wasm_config, version):
     return {
         "version_info": str(version),
@@ -53,13 +66,13 @@ def discovery_response(resource_name, wasm_config, version):
     }
 
 
-def ecds_filter(resource_name, path):
+def ecds_filter(resource_name, path, host=None):
     """An HCM http filter whose config comes from ECDS, read from `path`."""
     return {
         "name": resource_name,
         "config_discovery": {
             "config_source": {"path_config_source": {"path": str(path)}, "resource_api_version": "V3"},
-            "type_urls": [WASM_TYPE],
+            "type_urls": [FILTER_TYPES[host or HOST]],
         },
     }
 
@@ -80,14 +93,15 @@ class EcdsStack(Pair):
     `configuration` is a plugin configuration for one filter named
     `resource_name`, or a dict {resource name: configuration} for several
     filters in that order (each its own ECDS resource and file).
-    `wasm_config(configuration, name)` builds the Wasm typed config
-    (default: `plugin_config` with vm_id "sluice")."""
+    `wasm_config(configuration, name)` builds the filter's typed config
+    (default: `host_config`: for the wasm build `plugin_config` with vm_id
+    "sluice"); `host`, the build (the suite's by default)."""
 
     def __init__(self, configuration, resource_name="sluice", concurrency=2, log_level="info",
-                 wasm_config=None, stats_config=None, upstream_port=None, clusters=()):
+                 wasm_config=None, stats_config=None, upstream_port=None, clusters=(), host=None):
         """`clusters`: more clusters for the front Envoy (a rate-limit
         service's, say)."""
-        self.wasm_config = wasm_config or (lambda c, name: plugin_config(c))
+        self.wasm_config = wasm_config or (lambda c, name: host_config(c, host))
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-ecds-")
         configs = configuration if isinstance(configuration, dict) and "__many__" in configuration else None
         if configs is not None:
@@ -105,7 +119,7 @@ class EcdsStack(Pair):
         self.upstream_port = upstream_port or free_port()
         self.upstream = (None if upstream_port else
                          Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1))
-        filters = [ecds_filter(name, path) for name, path in self.paths.items()]
+        filters = [ecds_filter(name, path, host) for name, path in self.paths.items()]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters)
         boot["static_resources"]["clusters"].extend(clusters)
         # xDS subscriptions, file-based ones included, need a node id and cluster.

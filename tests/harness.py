@@ -1,5 +1,11 @@
 """Start real Envoys for end-to-end tests: a direct-response upstream and a
-front Envoy running the built sluice.wasm with a given plugin configuration.
+front Envoy running a build of sluice with a given plugin configuration.
+
+The build is the suite's host: `SLUICE_HOST=wasm` (the default: the built
+sluice.wasm) or `SLUICE_HOST=native` (the native build, an Envoy dynamic
+module); `Stack`, `validate`, `sluice_filter`, `metric` and the ECDS
+helpers take it unless told otherwise. A test that cannot apply to a host
+is marked `wasm_only(reason)` (tests/conftest.py skips it on the other).
 
 Every Envoy gets free ports and its own --base-id, runs as a child of the
 test process, and is stopped when the `with` block ends.
@@ -27,6 +33,12 @@ WASM = Path(os.environ.get("SLUICE_WASM", ROOT / "target/wasm32-wasip1/release/s
 # The native build (native/, an Envoy dynamic module): `make build-native`.
 NATIVE = Path(os.environ.get("SLUICE_NATIVE", ROOT / "native/target/release/libsluice_native.so"))
 ENVOY = os.environ.get("ENVOY_BIN", str(ROOT / ".venv/bin/envoy"))
+# The build of sluice the suite runs (see the module's comment).
+HOST = os.environ.get("SLUICE_HOST", "wasm")
+if HOST not in ("wasm", "native"):
+    raise SystemExit(f"SLUICE_HOST must be wasm or native, not {HOST!r}")
+# The prefix of sluice's metrics in /stats, by host.
+STAT_PREFIX = {"wasm": "wasmcustom.", "native": "dynamicmodulescustom."}
 
 # How long a test waits for something that must happen (`wait_until`).
 # Generous: a wait ends as soon as its condition holds, so these cost time
@@ -58,14 +70,15 @@ LABELS = ["domain", "rule", "result", "breaker", "transition", "shedder", "prior
 STATS_TAGS = [{"tag_name": n, "regex": rf"({n}=\.=(.*?);\.;)"} for n in LABELS]
 
 
-def metric(name, domain="default", **labels):
+def metric(name, domain="default", host=None, **labels):
     """The /stats name of a sluice metric with these labels, in the order
-    sluice writes them (domain, then rule/breaker/shedder, then the variant)."""
+    sluice writes them (domain, then rule/breaker/shedder, then the variant),
+    as `host` (the suite's by default) names it."""
     order = ["rule", "breaker", "shedder", "budget", "limit", "result", "transition", "priority"]
     tags = [("domain", domain)] + [(k, labels[k]) for k in order if k in labels]
     if set(labels) - set(order):
         raise ValueError(labels)
-    return "wasmcustom." + "".join(f"{k}=.={v};.;" for k, v in tags) + name
+    return STAT_PREFIX[host or HOST] + "".join(f"{k}=.={v};.;" for k, v in tags) + name
 
 
 def wait_until(condition, timeout, what, interval=0.02):
@@ -260,6 +273,11 @@ def native_filter(plugin_config, lib=NATIVE):
 
 HOSTS = {"wasm": wasm_filter, "native": native_filter}
 
+
+def sluice_filter(plugin_config, host=None):
+    """The sluice HTTP filter of `host` (the suite's by default)."""
+    return HOSTS[host or HOST](plugin_config)
+
 # Envoy 1.40 names a dynamic module's metrics `envoy_dynamicmodulescustom_*`
 # in /stats/prometheus unless this runtime flag is on; with it, the native
 # build's series are the wasm build's (`sluice_*`).
@@ -282,11 +300,14 @@ def cluster(name, port):
 def front_bootstrap(port, admin_port, upstream_port, http_filters, routes=None, extra_clusters=(), hcm_extra=None,
                     route_timeout="5s"):
     """`hcm_extra`: more HttpConnectionManager fields (an access log, say).
-    `route_timeout`: the default route's ("0s": none)."""
+    `route_timeout`: the default route's ("0s": none). The runtime flag
+    NATIVE_RUNTIME is on (the native build's Prometheus names; nothing
+    else reads it)."""
     routes = routes or [{"name": "default", "match": {"prefix": "/"},
                          "route": {"cluster": "upstream", "timeout": route_timeout}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "layered_runtime": NATIVE_RUNTIME,
         "stats_config": {"stats_tags": STATS_TAGS},
         "static_resources": {
             "listeners": [listener("front", port, hcm("front", routes, http_filters, hcm_extra))],
@@ -366,7 +387,8 @@ class Envoy:
         return out
 
     def stat(self, name, default=0):
-        """One stat as it is now. sluice's own (`wasmcustom.`) metrics are
+        """One stat as it is now. sluice's own (`wasmcustom.`, the native
+        build's `dynamicmodulescustom.`) metrics are
         defined when the configuration loads: one missing is a wrong name,
         an error rather than a 0 that a test could not tell apart. They reach
         Envoy on each worker's 100 ms tick: read one when it is due, with
@@ -375,7 +397,7 @@ class Envoy:
         stats = self.stats(f"^{re.escape(name)}$")
         if name in stats:
             return stats[name]
-        if name.startswith("wasmcustom."):
+        if name.startswith(tuple(STAT_PREFIX.values())):
             stats = self.stats()
             raise KeyError(f"no stat {name}; sluice's: {sorted(k for k in stats if 'sluice' in k)[:20]}")
         return default
@@ -441,16 +463,15 @@ class Stack(Pair):
     """An upstream Envoy and a front Envoy with sluice, started together."""
 
     def __init__(self, plugin_config, concurrency=2, extra_filters=None, log_level="warn", routes=None, extra_clusters=(),
-                 filters_before=None, host="wasm"):
-        """`host`: the build of sluice, "wasm" or "native" (see HOSTS)."""
+                 filters_before=None, host=None):
+        """`host`: the build of sluice, "wasm" or "native" (see HOSTS; the
+        suite's by default)."""
         self.port = free_port()
         self.upstream_port = free_port()
         self.upstream = Envoy(upstream_bootstrap(self.upstream_port, free_port()), concurrency=1)
-        filters = (filters_before or []) + [HOSTS[host](plugin_config)] + (extra_filters or [])
+        filters = (filters_before or []) + [sluice_filter(plugin_config, host)] + (extra_filters or [])
         clusters = [(n, p or self.upstream_port) for n, p in extra_clusters]
         boot = front_bootstrap(self.port, free_port(), self.upstream_port, filters, routes, clusters)
-        if host == "native":
-            boot["layered_runtime"] = NATIVE_RUNTIME
         self.front = Envoy(boot, concurrency, log_level)
 
     def upstream_requests(self):
@@ -458,9 +479,9 @@ class Stack(Pair):
         return self.upstream.stat("http.upstream.downstream_rq_total")
 
 
-def validate(plugin_config, host="wasm"):
+def validate(plugin_config, host=None):
     """Runs `envoy --mode validate` on a front config; returns (ok, output)."""
-    boot = front_bootstrap(free_port(), free_port(), free_port(), [HOSTS[host](plugin_config)])
+    boot = front_bootstrap(free_port(), free_port(), free_port(), [sluice_filter(plugin_config, host)])
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "envoy.json"
         cfg.write_text(json.dumps(boot))
@@ -552,7 +573,7 @@ class FrontOf:
     def __init__(self, upstream, plugin_config, concurrency=2):
         self.up = upstream
         self.port = free_port()
-        filters = [wasm_filter(plugin_config)] if plugin_config is not None else []
+        filters = [sluice_filter(plugin_config)] if plugin_config is not None else []
         self.front = Envoy(front_bootstrap(self.port, free_port(), self.up.port, filters), concurrency)
 
     def __enter__(self):

@@ -20,6 +20,8 @@ pub type FilterPtr = *mut c_void;
 pub type ConfigEnvoyPtr = *mut c_void;
 /// A per-stream scheduler Envoy made for the module.
 pub type SchedulerPtr = *mut c_void;
+/// A per-configuration scheduler: its events run on Envoy's main thread.
+pub type ConfigSchedulerPtr = *mut c_void;
 
 /// `envoy_dynamic_module_type_{envoy,module}_buffer`.
 #[repr(C)]
@@ -92,7 +94,36 @@ impl Header {
             value_len: value.len(),
         }
     }
+
+    /// An Envoy-owned header (`envoy_dynamic_module_type_envoy_http_header`,
+    /// the same layout), copied.
+    ///
+    /// # Safety
+    /// Both pointers must describe readable bytes (Envoy's promise for the
+    /// hook that handed the header over).
+    pub unsafe fn to_pair(&self) -> (Vec<u8>, Vec<u8>) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let key = Buffer {
+                ptr: self.key_ptr,
+                len: self.key_len,
+            };
+            let value = Buffer {
+                ptr: self.value_ptr,
+                len: self.value_len,
+            };
+            (
+                key.to_vec().unwrap_or_default(),
+                value.to_vec().unwrap_or_default(),
+            )
+        }
+    }
 }
+
+/// `envoy_dynamic_module_type_http_callout_init_result_Success`: a stream
+/// to a cluster was started (its events follow); any other value, it was
+/// not (no event follows).
+pub const CALLOUT_STARTED: u32 = 0;
 
 /// `envoy_dynamic_module_type_http_header_type`.
 pub const REQUEST_HEADERS: u32 = 0;
@@ -119,6 +150,8 @@ pub const LOG_ERROR: u32 = 4;
 extern "C" {
     pub fn envoy_dynamic_module_callback_log(level: u32, message: Buffer);
     pub fn envoy_dynamic_module_callback_log_enabled(level: u32) -> bool;
+    /// Envoy's worker count (main thread only; 0 if unknown).
+    pub fn envoy_dynamic_module_callback_get_concurrency() -> u32;
     pub fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterPtr,
         header_type: u32,
@@ -162,6 +195,30 @@ extern "C" {
         event_id: u64,
     );
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: ConfigEnvoyPtr,
+    ) -> ConfigSchedulerPtr;
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: ConfigSchedulerPtr,
+        event_id: u64,
+    );
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+        scheduler: ConfigSchedulerPtr,
+    );
+    /// A stream to `cluster` from the configuration, on the main thread
+    /// (its events too): the request's headers, its body, and a timeout
+    /// for the whole exchange.
+    #[allow(clippy::too_many_arguments)]
+    pub fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+        config: ConfigEnvoyPtr,
+        stream_id: *mut u64,
+        cluster: Buffer,
+        headers: *const Header,
+        headers_len: usize,
+        body: Buffer,
+        end_stream: bool,
+        timeout_ms: u64,
+    ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: ConfigEnvoyPtr,
         name: Buffer,
@@ -213,6 +270,41 @@ extern "C" {
     ) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
         filter: FilterPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_len: usize,
+        value: u64,
+    ) -> u32;
+    pub fn envoy_dynamic_module_callback_http_filter_config_record_histogram_value(
+        config: ConfigEnvoyPtr,
         id: usize,
         label_values: *const Buffer,
         label_values_len: usize,

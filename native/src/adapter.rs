@@ -1,11 +1,11 @@
 //! The one place this crate calls the core's pipeline and wiring: a change
 //! of their interface (the time the host passes in, say) is an edit here.
 //!
-//! Core APIs used: `wiring::parse`, `wiring::pipeline`, `wiring::shared_seed`, `Pipeline::{start,
-//! request, resume, again, response, end, gone, tick, close, is_empty,
-//! reason_header}`, `pipeline::{Env, Outcome, Effect, Verdict}`,
-//! `telemetry::{Sink, MetricId, MetricDef}`, `store::Store`,
-//! `reply::Rejection`.
+//! Core APIs used: `wiring::{parse, pipeline, follower, shared_seed}`,
+//! `Pipeline::{start, request, resume, again, response, end, gone, tick,
+//! call_done, woken, close, is_empty, reason_header}`, `pipeline::{Env,
+//! Outcome, Effect, Verdict, Signal, Call}`, `telemetry::{Sink, MetricId,
+//! MetricDef}`, `store::Store`, `reply::Rejection`.
 
 use crate::store;
 use sluice::header::Headers;
@@ -17,7 +17,7 @@ use sluice::time::Instant;
 use sluice::wiring::{self, Config};
 use std::cell::Cell;
 
-pub use sluice::pipeline::{Effect, Outcome, Verdict};
+pub use sluice::pipeline::{Call, Effect, Outcome, Signal, Verdict};
 pub use sluice::reply::Rejection;
 
 /// Nanoseconds since the Unix epoch, from the system clock (0 before it),
@@ -60,13 +60,38 @@ impl HookClock {
     }
 }
 
-/// Metrics that go nowhere: at configuration, before any stream.
-pub struct NoMetrics;
+/// Metrics kept for later: a pipeline's first changes (its start's), made
+/// before Envoy has its metrics defined, which are defined from it.
+#[derive(Default)]
+pub struct Recorder(Vec<(MetricId, Change)>);
 
-impl Sink for NoMetrics {
-    fn add(&mut self, _m: MetricId, _by: i64) {}
-    fn add_now(&mut self, _m: MetricId, _by: i64) {}
-    fn record(&mut self, _m: MetricId, _value: u64) {}
+enum Change {
+    Add(i64),
+    Record(u64),
+}
+
+impl Sink for Recorder {
+    fn add(&mut self, m: MetricId, by: i64) {
+        self.0.push((m, Change::Add(by)));
+    }
+    fn add_now(&mut self, m: MetricId, by: i64) {
+        self.0.push((m, Change::Add(by)));
+    }
+    fn record(&mut self, m: MetricId, value: u64) {
+        self.0.push((m, Change::Record(value)));
+    }
+}
+
+impl Recorder {
+    /// Makes the changes kept, in order.
+    pub fn replay(self, to: &mut dyn Sink) {
+        for (m, c) in self.0 {
+            match c {
+                Change::Add(by) => to.add(m, by),
+                Change::Record(v) => to.record(m, v),
+            }
+        }
+    }
 }
 
 /// The table-hash seed every worker shares (`wiring::shared_seed`).
@@ -99,16 +124,30 @@ fn with_env<R>(sink: &mut dyn Sink, clock: &HookClock, f: impl FnOnce(&mut Env<'
     f(&mut env)
 }
 
+/// Which pipeline of a configuration: the one on Envoy's main thread,
+/// whose global rules lead (the only one that can call out), or a worker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Main,
+    Worker,
+}
+
 impl Engine {
     /// Builds and starts a pipeline of `config` (`seed`: the hash seed
-    /// every worker shares; `tag`: this worker's random tag; `rng`: seeds
-    /// jitter).
-    pub fn build(config: &Config, seed: (u64, u64), tag: u32, rng: u64) -> Result<Self, String> {
-        let mut pipeline =
-            wiring::pipeline(config, seed, tag, now(), rng).map_err(|e| e.to_string())?;
-        with_env(&mut NoMetrics, &HookClock::default(), |env| {
-            pipeline.start(env)
-        })?;
+    /// every worker shares; `tag`: this pipeline's random tag; `rng`: seeds
+    /// jitter), its start's metric changes to `sink`.
+    pub fn build(
+        config: &Config,
+        seed: (u64, u64),
+        (tag, rng): (u32, u64),
+        (role, sink): (Role, &mut dyn Sink),
+    ) -> Result<Self, String> {
+        let build = match role {
+            Role::Main => wiring::pipeline,
+            Role::Worker => wiring::follower,
+        };
+        let mut pipeline = build(config, seed, tag, now(), rng).map_err(|e| e.to_string())?;
+        with_env(sink, &HookClock::default(), |env| pipeline.start(env))?;
         Ok(Engine { pipeline })
     }
 
@@ -183,10 +222,22 @@ impl Engine {
         with_env(m, clock, |env| self.pipeline.tick(env))
     }
 
-    /// The configuration is going away.
-    pub fn close(&mut self) -> Outcome {
-        with_env(&mut NoMetrics, &HookClock::default(), |env| {
-            self.pipeline.close(env)
+    /// A call it asked for ended (`body`: the answer; `None`: it failed).
+    pub fn call_done(&mut self, m: &mut dyn Sink, id: u64, body: Option<&[u8]>) -> Outcome {
+        with_env(m, &HookClock::default(), |env| {
+            self.pipeline.call_done(env, id, body)
         })
+    }
+
+    /// Woken through queue `name`, which it listens on.
+    pub fn woken(&mut self, m: &mut dyn Sink, name: &str) -> Outcome {
+        with_env(m, &HookClock::default(), |env| {
+            self.pipeline.woken(env, name)
+        })
+    }
+
+    /// The configuration is going away.
+    pub fn close(&mut self, m: &mut dyn Sink) -> Outcome {
+        with_env(m, &HookClock::default(), |env| self.pipeline.close(env))
     }
 }

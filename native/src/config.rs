@@ -1,17 +1,21 @@
 //! One filter configuration: sluice's validated configuration, the hash
-//! seed every worker shares, and one pipeline per Envoy worker, as the wasm
-//! build has one per VM (a VM per worker): the same per-worker state, and
-//! the same shared state (the store) between workers.
+//! seed every worker shares, one pipeline per Envoy worker (`worker`), as
+//! the wasm build has one per VM (a VM per worker), and one on Envoy's
+//! main thread (`main_thread`), as the wasm build's main-thread VM: the
+//! same per-pipeline state, and the same shared state (the store) between
+//! them.
 
 use crate::abi::{ConfigEnvoyPtr, FilterPtr};
-use crate::adapter::{self, Engine};
+use crate::adapter::{self, Engine, Recorder, Role};
+use crate::config_metrics::ConfigSink;
+use crate::main_thread::MainThread;
 use crate::metrics::{self, Ids};
 use crate::store;
-use sluice::hash::FastMap;
+pub use crate::worker::{InHook, Slot, Worker, WorkerState};
 use sluice::store::Store;
 use sluice::wiring::Config;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Mutex, TryLockError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Workers with a pipeline: a stream on a worker of a higher index passes
 /// untouched (logged once).
@@ -22,81 +26,104 @@ pub fn random_u64() -> u64 {
     RandomState::new().hash_one(adapter::now_ns())
 }
 
-/// What one worker keeps of a configuration besides its pipeline.
-#[derive(Default)]
-pub struct WorkerState {
-    /// The streams paused on this worker, by id: the effects of the
-    /// pipeline name streams by id.
-    pub paused: FastMap<u32, FilterPtr>,
-    /// Paused streams whose own request hook is still running (a stream
-    /// let go from inside it must not be continued by a call into Envoy:
-    /// its hook returns `Continue` instead).
-    pub in_hook: Vec<u32>,
-    /// Streams of `in_hook` let go meanwhile.
-    pub went_on: Vec<u32>,
-    /// When the pipeline's next tick is due (ms since the epoch).
-    pub next_tick_ms: u64,
-    /// The tick period asked for (ms).
-    pub tick_ms: u64,
-}
+/// Envoy's configuration object: its metric callbacks are thread-safe,
+/// its stream and scheduler callbacks are used on the main thread only.
+#[derive(Clone, Copy)]
+pub struct EnvoyConfig(pub ConfigEnvoyPtr);
 
-/// A worker's pipeline and the rest of its state, under one lock.
-#[derive(Default)]
-struct Slot {
-    /// Built on the worker's first stream.
-    engine: Option<Engine>,
-    /// Building the pipeline failed: the worker's streams pass.
-    failed: bool,
-    state: WorkerState,
-}
-
-/// One worker's share of a configuration.
-#[derive(Default)]
-pub struct Worker(Mutex<Slot>);
-
-// SAFETY: a worker's state (its pipeline holds `Rc`s; the paused streams'
-// Envoy pointers) is used only on the Envoy worker thread of its index,
-// through `Worker::with`, and the values it hands out (verdicts, effects)
-// stay on that thread. Other threads touch it only once no stream holds
-// the configuration: dropping it (and closing its pipeline) at the end.
-unsafe impl Send for Worker {}
-// SAFETY: as above; the mutex orders the accesses.
-unsafe impl Sync for Worker {}
+// SAFETY: see the type's comment; Envoy destroys the module's configuration
+// before its own.
+unsafe impl Send for EnvoyConfig {}
+// SAFETY: as above.
+unsafe impl Sync for EnvoyConfig {}
 
 /// A configuration, shared by Envoy's main thread and every worker.
 pub struct FilterConfig {
-    config: Config,
-    seed: (u64, u64),
+    pub config: Config,
+    pub seed: (u64, u64),
     /// `failure_mode_deny`: what a panic in a hook does to the request.
     pub deny: bool,
     pub reason_header: Option<String>,
     /// No mechanism configured: streams never call the pipeline.
     pub empty: bool,
-    /// Envoy's ids of the pipelines' metrics (every worker's pipeline
-    /// defines the same, in the same order).
+    /// Envoy's ids of the pipelines' metrics (every pipeline defines the
+    /// same, in the same order).
     pub metrics: Ids,
-    workers: Box<[Worker]>,
+    pub envoy: EnvoyConfig,
+    /// The pipeline on Envoy's main thread.
+    pub main: MainThread,
+    pub workers: Box<[Worker]>,
+    /// Workers up to this index have built a pipeline.
+    built: AtomicUsize,
 }
 
 impl FilterConfig {
-    /// Parses and checks `bytes` (sluice's JSON) and builds a pipeline of
-    /// it once, so that a configuration the core refuses is refused here,
+    /// Parses and checks `bytes` (sluice's JSON) and builds its main-thread
+    /// pipeline, so that a configuration the core refuses is refused here,
     /// at load; the error names the field.
     pub fn new(envoy: ConfigEnvoyPtr, bytes: &[u8]) -> Result<Self, String> {
         let config = adapter::parse(bytes)?;
         let seed = shared_seed(store::shared(), &config.common.domain)
             .ok_or("could not create the shared hash seed")?;
-        let probe = Engine::build(&config, seed, random_u64() as u32, random_u64())?;
-        let workers = (0..MAX_WORKERS).map(|_| Worker::default()).collect();
-        Ok(FilterConfig {
+        // Its start's metric changes, made once Envoy's metrics are defined.
+        let mut started = Recorder::default();
+        let tags = (random_u64() as u32, random_u64());
+        let main = Engine::build(&config, seed, tags, (Role::Main, &mut started))?;
+        let reason_header = main.reason_header().map(str::to_string);
+        let metrics = metrics::define(envoy, main.metric_defs());
+        started.replay(&mut ConfigSink {
+            ids: &metrics,
+            config: envoy,
+        });
+        let empty = main.is_empty();
+        let mut main = MainThread::new(main);
+        if !empty {
+            main.start(envoy);
+        }
+        let workers = (0..MAX_WORKERS as u32).map(Worker::new).collect();
+        let c = FilterConfig {
             deny: config.common.failure_mode_deny,
-            reason_header: probe.reason_header().map(str::to_string),
-            empty: probe.is_empty(),
-            metrics: metrics::define(envoy, probe.metric_defs()),
+            reason_header,
+            empty,
+            metrics,
+            envoy: EnvoyConfig(envoy),
+            main,
             config,
             seed,
             workers,
-        })
+            built: AtomicUsize::new(0),
+        };
+        if !c.empty {
+            c.build_workers();
+        }
+        log::info!(
+            "sluice: configured {} rate-limit rule(s), {} circuit breaker(s), {} shedder(s)",
+            c.config.rules.len(),
+            c.config.breakers.len(),
+            c.config.shedders.len()
+        );
+        Ok(c)
+    }
+
+    /// Builds every worker's pipeline now, at load, as the wasm build
+    /// configures a VM per worker: creating what a pipeline needs in the
+    /// store (checking every slot of a large table, say) is not left to
+    /// a worker's first request. A worker Envoy does not count builds its
+    /// own on its first stream.
+    fn build_workers(&self) {
+        // SAFETY: a plain query, on the main thread (`config_new`'s).
+        let n = unsafe { crate::abi::envoy_dynamic_module_callback_get_concurrency() } as usize;
+        for w in self.workers.iter().take(n) {
+            let Some(mut st) = w.lock_alone() else {
+                continue;
+            };
+            match self.build(Role::Worker) {
+                Ok(e) => st.engine = Some(e),
+                Err(e) => log::error!("sluice: {e}"),
+            }
+        }
+        self.built
+            .fetch_max(n.min(self.workers.len()), Ordering::AcqRel);
     }
 
     /// The worker of this index, if it has a pipeline.
@@ -108,51 +135,123 @@ impl FilterConfig {
         w
     }
 
+    /// The workers that have built a pipeline (and the ones between).
+    pub fn built_workers(&self) -> &[Worker] {
+        let n = self.built.load(Ordering::Acquire).min(self.workers.len());
+        self.workers.get(..n).unwrap_or_default()
+    }
+
+    /// Builds a pipeline of a role (a worker's, or the main thread's again
+    /// after a panic).
+    pub fn build(&self, role: Role) -> Result<Engine, String> {
+        let tags = (random_u64() as u32, random_u64());
+        let sink = &mut self.config_sink();
+        Engine::build(&self.config, self.seed, tags, (role, sink))
+    }
+
+    /// Metrics through Envoy's configuration (no stream at hand).
+    pub fn config_sink(&self) -> ConfigSink<'_> {
+        ConfigSink {
+            ids: &self.metrics,
+            config: self.envoy.0,
+        }
+    }
+
     /// Runs `f` on worker `w`'s state with its pipeline (built on first
-    /// use). `None` if the state is in use (a host call re-entered the
-    /// module on this thread) or the pipeline could not be built.
+    /// use), from one of its hooks. `None` if the state is in use by this
+    /// thread already (a host call re-entered the module) or the pipeline
+    /// could not be built; the main thread holding it is waited for.
     pub fn with<R>(
         &self,
         w: &Worker,
         f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
     ) -> Option<R> {
-        let mut guard = match w.0.try_lock() {
-            Ok(g) => g,
-            // A panic in an earlier call: its pipeline is dropped and a new
-            // one built, as a wasm VM is restarted; the rest is whole.
-            Err(TryLockError::Poisoned(p)) => {
-                w.0.clear_poison();
-                let mut g = p.into_inner();
-                g.engine = None;
-                g
-            }
-            Err(TryLockError::WouldBlock) => return None,
+        // A panic in an earlier call poisons the lock: its pipeline is
+        // dropped and a new one built, as a wasm VM is restarted; the
+        // streams it had paused are let go.
+        let mut state = w.lock_from_hook()?;
+        let orphans = if state.panicked {
+            state.state.orphans(w)
+        } else {
+            Vec::new()
         };
-        let slot = &mut *guard;
-        if slot.engine.is_none() && !slot.failed {
-            match Engine::build(&self.config, self.seed, random_u64() as u32, random_u64()) {
-                Ok(e) => slot.engine = Some(e),
+        let r = self.run(w, &mut state, f);
+        drop(state);
+        self.let_go(orphans);
+        r
+    }
+
+    /// Runs `f` on a worker's state, its pipeline built if it has none.
+    fn run<R>(
+        &self,
+        w: &Worker,
+        state: &mut Slot,
+        f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
+    ) -> Option<R> {
+        if state.engine.is_none() && !state.failed {
+            match self.build(Role::Worker) {
+                Ok(e) => {
+                    state.engine = Some(e);
+                    self.built.fetch_max(w.index as usize + 1, Ordering::AcqRel);
+                }
                 Err(e) => {
                     log::error!("sluice: {e}");
-                    slot.failed = true;
+                    state.failed = true;
                 }
             }
         }
-        // In place: a pipeline is too large to move in and out per call.
+        let engine = state.engine.as_mut()?;
+        Some(f(engine, &mut state.state))
+    }
+
+    /// Streams a pipeline lost in a panic had paused go on, or, with
+    /// `failure_mode_deny`, are answered 500: the failure policy of a
+    /// panic, as in a request's own hook (with the state unlocked).
+    fn let_go(&self, orphans: Vec<FilterPtr>) {
+        for envoy in orphans {
+            if self.deny {
+                crate::reply::respond(envoy, 500, &[], "sluice: internal error\n");
+            } else {
+                // SAFETY: a paused stream's filter lives until its end,
+                // which would have taken it out of `paused`.
+                unsafe {
+                    crate::abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy)
+                };
+            }
+        }
+    }
+
+    /// Runs `f` on worker `w`'s state from the main thread, if no hook of
+    /// the worker runs and nothing else holds it (else `None`: the worker
+    /// is busy, and ticks itself).
+    pub fn with_idle<R>(
+        &self,
+        w: &Worker,
+        f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
+    ) -> Option<R> {
+        let mut slot = w.lock_if_idle()?;
+        let slot = &mut *slot;
         let engine = slot.engine.as_mut()?;
         Some(f(engine, &mut slot.state))
     }
 }
 
 /// A configuration going away gives back what its pipelines hold in the
-/// store (leased concurrency slots), as the wasm build's does.
+/// store (leased slots, the global rules' lease) and takes its gauges
+/// back, as the wasm build's does; nothing is ticked for it any more.
 impl Drop for FilterConfig {
     fn drop(&mut self) {
+        self.main.stop();
+        let sink = &mut ConfigSink {
+            ids: &self.metrics,
+            config: self.envoy.0,
+        };
+        self.main.close(sink);
         for w in self.workers.iter() {
-            if let Ok(mut slot) = w.0.lock() {
-                if let Some(e) = slot.engine.as_mut() {
+            if let Some(mut state) = w.lock_alone() {
+                if let Some(e) = state.engine.as_mut() {
                     // No stream is left to carry effects out on.
-                    let _ = e.close();
+                    let _ = e.close(sink);
                 }
             }
         }

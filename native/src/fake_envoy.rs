@@ -47,6 +47,11 @@ pub unsafe fn envoy_dynamic_module_callback_log_enabled(_level: u32) -> bool {
     false
 }
 
+/// Two workers, as the tests' Envoys have.
+pub unsafe fn envoy_dynamic_module_callback_get_concurrency() -> u32 {
+    2
+}
+
 pub unsafe fn envoy_dynamic_module_callback_http_get_header(
     f: FilterPtr,
     header_type: u32,
@@ -193,3 +198,97 @@ pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dyn
 pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_decrement_gauge;
 pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_set_gauge;
 pub use envoy_dynamic_module_callback_http_filter_increment_counter as envoy_dynamic_module_callback_http_filter_record_histogram_value;
+
+/// Configuration schedulers: each a box; commits are recorded (tests run
+/// the scheduled hook themselves).
+pub static CONFIG_COMMITS: std::sync::Mutex<Vec<(usize, u64)>> = std::sync::Mutex::new(Vec::new());
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+    _config: crate::abi::ConfigEnvoyPtr,
+) -> crate::abi::ConfigSchedulerPtr {
+    Box::into_raw(Box::new(0u64)).cast()
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+    s: crate::abi::ConfigSchedulerPtr,
+    event_id: u64,
+) {
+    if let Ok(mut c) = CONFIG_COMMITS.lock() {
+        c.push((s as usize, event_id));
+    }
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+    s: crate::abi::ConfigSchedulerPtr,
+) {
+    drop(unsafe { Box::from_raw(s.cast::<u64>()) });
+}
+
+/// A stream the module started to a cluster: cluster, headers, body, timeout.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub id: u64,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub end_stream: bool,
+    pub timeout_ms: u64,
+}
+
+thread_local! {
+    /// The streams started on this thread, and whether starting fails.
+    pub static STARTED: std::cell::RefCell<Vec<Started>> = const { std::cell::RefCell::new(Vec::new()) };
+    pub static START_FAILS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+static NEXT_STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_start_http_stream(
+    _config: crate::abi::ConfigEnvoyPtr,
+    stream_id: *mut u64,
+    cluster: Buffer,
+    headers: *const Header,
+    headers_len: usize,
+    body: Buffer,
+    end_stream: bool,
+    timeout_ms: u64,
+) -> u32 {
+    if START_FAILS.with(|f| f.get()) {
+        return 2;
+    }
+    let id = NEXT_STREAM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let headers = unsafe { std::slice::from_raw_parts(headers, headers_len) }
+        .iter()
+        .map(|h| {
+            let (k, v) = unsafe { h.to_pair() };
+            (String::from_utf8(k).unwrap(), String::from_utf8(v).unwrap())
+        })
+        .collect();
+    let started = Started {
+        id,
+        cluster: unsafe { text(cluster) },
+        headers,
+        body: unsafe { body.to_vec() }.unwrap_or_default(),
+        end_stream,
+        timeout_ms,
+    };
+    STARTED.with(|s| s.borrow_mut().push(started));
+    unsafe { *stream_id = id };
+    0
+}
+
+pub unsafe fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+    _config: crate::abi::ConfigEnvoyPtr,
+    _id: usize,
+    _label_values: *const Buffer,
+    _label_values_len: usize,
+    _value: u64,
+) -> u32 {
+    0
+}
+
+pub use envoy_dynamic_module_callback_http_filter_config_increment_counter as envoy_dynamic_module_callback_http_filter_config_increment_gauge;
+pub use envoy_dynamic_module_callback_http_filter_config_increment_counter as envoy_dynamic_module_callback_http_filter_config_decrement_gauge;
+pub use envoy_dynamic_module_callback_http_filter_config_increment_counter as envoy_dynamic_module_callback_http_filter_config_set_gauge;
+pub use envoy_dynamic_module_callback_http_filter_config_increment_counter as envoy_dynamic_module_callback_http_filter_config_record_histogram_value;

@@ -7,8 +7,8 @@
 //! reply runs the response hooks, a resumed stream its later filters).
 
 use crate::abi::{self, FilterPtr};
-use crate::adapter::{Effect, Engine, HookClock, Outcome, Verdict};
-use crate::config::{FilterConfig, Worker, WorkerState};
+use crate::adapter::{Effect, Engine, HookClock, Outcome, Signal, Verdict};
+use crate::config::{FilterConfig, InHook, Worker, WorkerState};
 use crate::metrics::EnvoySink;
 use crate::reply;
 use crate::ticker;
@@ -115,6 +115,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return abi::CONTINUE;
         };
+        let _hook = InHook::enter(w);
         let req = HostRequest(self.envoy);
         let (id, envoy) = (self.id, self.envoy);
         let m = &mut self.sink(envoy);
@@ -168,6 +169,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return abi::CONTINUE;
         };
+        let _hook = InHook::enter(w);
         let resp = HostResponse(self.envoy);
         let id = self.id;
         let m = &mut self.sink(self.envoy);
@@ -192,6 +194,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return;
         };
+        let _hook = InHook::enter(w);
         let id = self.id;
         let m = &mut self.sink(self.envoy);
         let clock = HookClock::default();
@@ -207,15 +210,30 @@ impl Filter {
         }
     }
 
-    /// Carries out the effects on the worker's other streams. Calls out
-    /// and words to other workers (global rules) are not carried out yet.
+    /// Carries out the effects on the worker's other streams, a new tick
+    /// period (the main thread ticks the worker by then if no hook does)
+    /// and wake-ups of the leader (`ticker::wake`). A worker's pipeline
+    /// makes no calls (it never leads); it listens on no queue: what a
+    /// wake-up of a worker would do, its 1 ms tick does while streams
+    /// wait on it.
     fn carry_out(&self, w: &Worker, clock: &HookClock, out: Outcome) {
-        if out.effects.is_empty() && out.tick.is_none() {
+        if out.effects.is_empty() && out.tick.is_none() && out.signals.is_empty() {
             return;
         }
         if let Some(tick) = out.tick {
-            let ms = tick.as_ms();
-            let _ = self.config.with(w, |_, st| st.tick_ms = ms);
+            let now = clock.now().as_ms();
+            let next = self.config.with(w, |_, st| {
+                st.set_period(tick.as_ms(), now);
+                st.next_tick_ms
+            });
+            if let (Some(next), Some(key)) = (next, self.config.main.key()) {
+                ticker::main_soon(key, next);
+            }
+        }
+        for s in &out.signals {
+            if let Signal::Wake(name) = s {
+                ticker::wake(name);
+            }
         }
         for e in out.effects {
             let (stream, again) = match e {
@@ -302,7 +320,7 @@ impl Filter {
             self.scheduler.set(scheduler);
         }
         if !scheduler.is_null() {
-            ticker::wait(worker_key(w), self.id, scheduler);
+            ticker::wait(w.key(), self.id, scheduler);
         }
     }
 
@@ -311,6 +329,7 @@ impl Filter {
         let Some(w) = self.worker() else {
             return;
         };
+        let _hook = InHook::enter(w);
         let m = &mut self.sink(self.envoy);
         let clock = HookClock::default();
         let ticked = self.config.with(w, |e, st| {
@@ -332,18 +351,13 @@ impl Drop for Filter {
             // Out of the ticker's list whatever happened before (`end`
             // does it for a stream still paused).
             if let Some(w) = self.worker() {
-                ticker::done(worker_key(w), self.id);
+                ticker::done(w.key(), self.id);
             }
             // SAFETY: made by `scheduler_new` for this stream, deleted once,
             // after `end` took it out of the ticker's list.
             unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(s) };
         }
     }
-}
-
-/// A worker's identity for the ticker.
-fn worker_key(w: &Worker) -> usize {
-    std::ptr::from_ref(w) as usize
 }
 
 /// Stream `id` no longer waits on worker `w`: its Envoy filter, if it did.
@@ -353,24 +367,35 @@ fn unpause(w: &Worker, st: &mut WorkerState, id: u32) -> Option<FilterPtr> {
     }
     let found = st.paused.remove(&id);
     if found.is_some() {
-        ticker::done(worker_key(w), id);
+        ticker::done(w.key(), id);
     }
     found
 }
 
 /// The worker's tick, if due: the pipeline's periodic work, run from the
-/// worker's own hooks (see `native/README.md` for what is not ticked yet).
+/// worker's own hooks (the main thread runs it when no hook does), with
+/// what a tick the main thread ran for the worker left to it first.
 fn tick_if_due(
     e: &mut Engine,
     st: &mut WorkerState,
     m: &mut EnvoySink<'_>,
     clock: &HookClock,
 ) -> Option<Outcome> {
+    let deferred = std::mem::take(&mut st.deferred);
     let now_ms = clock.now().as_ms();
     if now_ms < st.next_tick_ms {
-        return None;
+        return (!deferred.is_empty()).then(|| Outcome {
+            effects: deferred,
+            ..Outcome::default()
+        });
     }
     let period = if st.tick_ms == 0 { 100 } else { st.tick_ms };
     st.next_tick_ms = now_ms.saturating_add(period);
-    Some(e.tick(m, clock))
+    let mut out = e.tick(m, clock);
+    if !deferred.is_empty() {
+        let mut effects = deferred;
+        effects.append(&mut out.effects);
+        out.effects = effects;
+    }
+    Some(out)
 }

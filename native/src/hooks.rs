@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 /// Runs `f`, or answers `fallback` if it panics.
-fn guard<R>(what: &str, fallback: R, f: impl FnOnce() -> R) -> R {
+pub fn guard<R>(what: &str, fallback: R, f: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(_) => {
@@ -205,7 +205,8 @@ pass!(
     envoy_dynamic_module_on_http_filter_response_trailers
 );
 
-/// Events of calls sluice does not make yet, and of watermarks: nothing to do.
+/// Events of calls from a stream (sluice calls from its configuration,
+/// `config_hooks`), and of watermarks: nothing to do.
 macro_rules! ignore {
     ($($name:ident),*) => {$(
         #[no_mangle]

@@ -56,13 +56,16 @@ pub struct EnvoySink<'a> {
     pub filter: FilterPtr,
 }
 
+impl Ids {
+    /// The kind and Envoy's id of the core's metric `m`, if defined.
+    pub fn get(&self, m: MetricId) -> Option<(Kind, usize)> {
+        self.0.get(m as usize).copied().filter(|(_, id)| *id != 0)
+    }
+}
+
 impl EnvoySink<'_> {
     fn id(&self, m: MetricId) -> Option<(Kind, usize)> {
-        self.ids
-            .0
-            .get(m as usize)
-            .copied()
-            .filter(|(_, id)| *id != 0)
+        self.ids.get(m)
     }
 }
 

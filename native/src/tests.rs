@@ -184,3 +184,44 @@ fn a_stream_let_go_inside_its_own_request_hook_goes_on_from_it_and_leaves_the_ti
     assert!(!crate::ticker::waiting_ids().contains(&a_id));
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }
+
+#[test]
+fn after_a_panic_the_streams_its_pipeline_had_paused_go_on_and_a_new_pipeline_serves() {
+    let cfg = config(
+        r#"{"domain":"unit-panic","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
+    );
+    let mut first = Box::new(FakeStream::default());
+    let mut second = Box::new(FakeStream::default());
+    let (e1, e2) = (first.ptr(), second.ptr());
+    let f1 = envoy_dynamic_module_on_http_filter_new(cfg, e1);
+    let f2 = envoy_dynamic_module_on_http_filter_new(cfg, e2);
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(e1, f1, true),
+        abi::CONTINUE
+    );
+    assert_eq!(
+        envoy_dynamic_module_on_http_filter_request_headers(e2, f2, true),
+        abi::STOP_ITERATION
+    );
+    // A panic inside the worker's pipeline (as a bug in a stage would).
+    // SAFETY: the pointer `config_new` made, alive until destroyed below.
+    let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
+    let w = c.worker(0).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.with(w, |_, _| panic!("a bug"))
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(second.continued, 0);
+    // The worker's next hook finds a new pipeline; the waiter, which no
+    // pipeline knows any more, goes on (the default failure policy).
+    let (status, _) = stream(cfg, 0, &[]);
+    assert_eq!(second.continued, 1);
+    // What the lost pipeline held stays held (as a crashed wasm VM's):
+    // the first stream's slot, in the store.
+    assert_eq!(status, abi::STOP_ITERATION);
+    for (e, f) in [(e1, f1), (e2, f2)] {
+        envoy_dynamic_module_on_http_filter_stream_complete(e, f);
+        envoy_dynamic_module_on_http_filter_destroy(f);
+    }
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}

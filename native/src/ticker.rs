@@ -1,36 +1,72 @@
-//! Ticks for workers with streams waiting. Envoy 1.40 has no per-worker
-//! timer for HTTP filters: while a worker has paused streams, a module
-//! thread commits one of those streams' schedulers every millisecond (the
-//! core's fast tick), and Envoy runs `on_http_filter_scheduled` for it on
-//! the worker, which ticks the worker's pipeline there (waits that time
-//! out, slots freed on other workers). Otherwise a worker ticks from its
-//! own hooks when a tick is due (`filter::tick_if_due`).
+//! The module's clock thread. Envoy 1.40 has no per-worker timer for HTTP
+//! filters, so a module thread commits Envoy's schedulers, and Envoy runs
+//! the scheduled hook on the thread the scheduler belongs to:
 //!
-//! A scheduler is committed only under [`WAKERS`]' lock, and a stream takes
-//! its scheduler out under the same lock before it ends, so no commit races
-//! the stream's teardown; the thread sleeps while no stream waits.
+//! - while a worker has paused streams, one of those streams' schedulers
+//!   every millisecond (the core's fast tick): `on_http_filter_scheduled`
+//!   on the worker ticks its pipeline (waits that time out, slots freed on
+//!   other workers);
+//! - each configuration's scheduler when its main-thread work is due
+//!   (`main_thread`: its own pipeline, and the ticks of workers no hook
+//!   ticks), and when a worker wakes the queue it listens on (a key
+//!   starved of tokens: the leader calls at once).
+//!
+//! A scheduler is committed only under [`STATE`]'s lock, and is taken out
+//! under the same lock before it is deleted (a stream's at its end, a
+//! configuration's when it goes away), so no commit races its teardown;
+//! the thread sleeps while there is nothing to commit.
 
-use crate::abi::{self, SchedulerPtr};
+use crate::abi::{self, ConfigSchedulerPtr, SchedulerPtr};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-/// The streams waiting, by worker (its address: an identity, never read):
-/// (stream id, its scheduler).
-#[derive(Default)]
-struct Wakers(HashMap<usize, Vec<(u32, Sched)>>);
+/// The configuration scheduler's events (`on_http_filter_config_scheduled`).
+pub const EVENT_TICK: u64 = 0;
+pub const EVENT_WAKE: u64 = 1;
 
-/// A scheduler pointer, committed only from the ticker thread under the lock.
+/// A main-thread event not handled within this long is taken as lost (an
+/// Envoy that never ran it: `--mode validate`, say), and committed again.
+const LOST_MS: u64 = 1_000;
+
+/// A scheduler pointer, committed only from the ticker thread (or a
+/// waker) under the lock.
 #[derive(Clone, Copy)]
-struct Sched(SchedulerPtr);
+struct Sched(*mut std::ffi::c_void);
 
-// SAFETY: Envoy's scheduler `commit` is thread-safe (it posts to the
-// worker's dispatcher); see the module comment for its lifetime.
+// SAFETY: Envoy's schedulers' `commit` is thread-safe (it posts to the
+// owner's dispatcher); see the module comment for their lifetime.
 unsafe impl Send for Sched {}
 
+/// One configuration's main-thread schedule.
+struct Main {
+    sched: Sched,
+    /// When its next tick is due (ms since the epoch), and since when one
+    /// committed has not run (0: none).
+    due_ms: u64,
+    pending_ms: u64,
+    /// Queues woken since its last wake event, and whether one is pending.
+    woken: Vec<String>,
+    wake_pending: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// The streams waiting, by worker (its address: an identity, never
+    /// read): (stream id, its scheduler).
+    waiting: HashMap<usize, Vec<(u32, Sched)>>,
+    /// Configurations, by Envoy's configuration pointer (an identity).
+    mains: HashMap<usize, Main>,
+    /// Queue names, and the configuration listening on each (the last to
+    /// listen).
+    listeners: HashMap<String, usize>,
+    /// When the waiting streams' workers were last committed (ms).
+    workers_ms: u64,
+}
+
 struct Ticker {
-    wakers: Mutex<Wakers>,
-    waiting: Condvar,
+    state: Mutex<State>,
+    changed: Condvar,
 }
 
 fn ticker() -> &'static Ticker {
@@ -40,68 +76,208 @@ fn ticker() -> &'static Ticker {
             .name("sluice-ticker".into())
             .spawn(run);
         if let Err(e) = spawned {
-            log::error!("sluice: no ticker thread ({e}): waits end on the worker's traffic");
+            log::error!("sluice: no ticker thread ({e}): nothing is ticked without traffic");
         }
         Ticker {
-            wakers: Mutex::new(Wakers::default()),
-            waiting: Condvar::new(),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
         }
     })
 }
 
+fn state() -> Option<MutexGuard<'static, State>> {
+    ticker().state.lock().ok()
+}
+
+fn now_ms() -> u64 {
+    crate::adapter::now_ns() / 1_000_000
+}
+
 /// Stream `id` of `worker` waits: tick that worker through its scheduler.
 pub fn wait(worker: usize, id: u32, scheduler: SchedulerPtr) {
-    let t = ticker();
-    if let Ok(mut w) = t.wakers.lock() {
-        w.0.entry(worker).or_default().push((id, Sched(scheduler)));
-        t.waiting.notify_one();
+    if let Some(mut s) = state() {
+        s.waiting
+            .entry(worker)
+            .or_default()
+            .push((id, Sched(scheduler)));
+        ticker().changed.notify_one();
     }
 }
 
 /// Stream `id` of `worker` no longer waits (resumed, answered or ended);
 /// once this returns, its scheduler is never committed again.
 pub fn done(worker: usize, id: u32) {
-    if let Ok(mut w) = ticker().wakers.lock() {
-        if let Some(list) = w.0.get_mut(&worker) {
+    if let Some(mut s) = state() {
+        if let Some(list) = s.waiting.get_mut(&worker) {
             list.retain(|(i, _)| *i != id);
             if list.is_empty() {
-                w.0.remove(&worker);
+                s.waiting.remove(&worker);
             }
         }
     }
 }
 
-/// The thread: every millisecond, one commit per worker with a stream waiting.
-fn run() {
-    let t = ticker();
-    loop {
-        let Ok(mut w) = t.wakers.lock() else {
-            return;
+/// Configuration `key` has main-thread work, through `scheduler`, due now.
+pub fn add_main(key: usize, scheduler: ConfigSchedulerPtr) {
+    if let Some(mut s) = state() {
+        let main = Main {
+            sched: Sched(scheduler),
+            due_ms: 0,
+            pending_ms: 0,
+            woken: Vec::new(),
+            wake_pending: false,
         };
-        while w.0.is_empty() {
-            w = match t.waiting.wait(w) {
-                Ok(w) => w,
-                Err(_) => return,
-            };
+        s.mains.insert(key, main);
+        ticker().changed.notify_one();
+    }
+}
+
+/// Configuration `key` goes away: once this returns, its scheduler is
+/// never committed again, and the queues it listened on have no listener.
+pub fn remove_main(key: usize) {
+    if let Some(mut s) = state() {
+        s.mains.remove(&key);
+        s.listeners.retain(|_, k| *k != key);
+    }
+}
+
+/// Configuration `key`'s tick ran; its next is due at `due_ms`.
+pub fn main_ran(key: usize, due_ms: u64) {
+    if let Some(mut s) = state() {
+        if let Some(m) = s.mains.get_mut(&key) {
+            m.pending_ms = 0;
+            m.due_ms = due_ms;
         }
-        for list in w.0.values() {
-            if let Some((_, s)) = list.first() {
-                // SAFETY: the stream is alive: it takes its scheduler out
-                // (under this lock) before it ends.
-                unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(s.0, 0) };
+        ticker().changed.notify_one();
+    }
+}
+
+/// Configuration `key`'s next tick is due by `due_ms` at the latest (a
+/// worker's pipeline asked for the fast tick).
+pub fn main_soon(key: usize, due_ms: u64) {
+    if let Some(mut s) = state() {
+        if let Some(m) = s.mains.get_mut(&key) {
+            if due_ms < m.due_ms {
+                m.due_ms = due_ms;
+                ticker().changed.notify_one();
             }
         }
-        drop(w);
-        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Configuration `key` listens on queue `name` (the last to listen is the
+/// one woken).
+pub fn listen(name: &str, key: usize) {
+    if let Some(mut s) = state() {
+        if s.listeners.get(name) != Some(&key) {
+            s.listeners.insert(name.to_string(), key);
+        }
+    }
+}
+
+/// Wakes the configuration listening on queue `name`, if any, on the main
+/// thread (its wake event). Several wake-ups before it runs are one.
+pub fn wake(name: &str) {
+    let Some(mut s) = state() else {
+        return;
+    };
+    let Some(&key) = s.listeners.get(name) else {
+        return;
+    };
+    let Some(m) = s.mains.get_mut(&key) else {
+        return;
+    };
+    if !m.woken.iter().any(|n| n == name) {
+        m.woken.push(name.to_string());
+    }
+    if !std::mem::replace(&mut m.wake_pending, true) {
+        // SAFETY: the configuration's scheduler, alive while it is listed
+        // (see the module comment).
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                m.sched.0, EVENT_WAKE,
+            )
+        };
+    }
+}
+
+/// The queues configuration `key` was woken through since its last wake
+/// event (its wake event runs).
+pub fn take_woken(key: usize) -> Vec<String> {
+    let Some(mut s) = state() else {
+        return Vec::new();
+    };
+    let Some(m) = s.mains.get_mut(&key) else {
+        return Vec::new();
+    };
+    m.wake_pending = false;
+    std::mem::take(&mut m.woken)
+}
+
+/// Commits what is due; how long to sleep then (`None`: until told).
+fn commit_due(s: &mut State, now: u64) -> Option<u64> {
+    if now != s.workers_ms {
+        s.workers_ms = now;
+        for list in s.waiting.values() {
+            if let Some((_, sched)) = list.first() {
+                // SAFETY: the stream is alive: it takes its scheduler out
+                // (under this lock) before it ends.
+                unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(sched.0, 0)
+                };
+            }
+        }
+    }
+    let mut next: Option<u64> = (!s.waiting.is_empty()).then_some(1);
+    for m in s.mains.values_mut() {
+        if m.pending_ms != 0 && now < m.pending_ms + LOST_MS {
+            // Committed: `main_ran` tells when it ran, or it is lost.
+            let lost = m.pending_ms + LOST_MS - now;
+            next = Some(next.map_or(lost, |n| n.min(lost)));
+            continue;
+        }
+        if m.due_ms <= now {
+            m.pending_ms = now.max(1);
+            // SAFETY: as in `wake`.
+            unsafe {
+                abi::envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+                    m.sched.0, EVENT_TICK,
+                )
+            };
+            next = Some(next.map_or(LOST_MS, |n| n.min(LOST_MS)));
+        } else {
+            let wait = m.due_ms - now;
+            next = Some(next.map_or(wait, |n| n.min(wait)));
+        }
+    }
+    next
+}
+
+/// The thread: commits what is due, then sleeps until the next thing is.
+fn run() {
+    let t = ticker();
+    let Ok(mut s) = t.state.lock() else {
+        return;
+    };
+    loop {
+        let sleep = commit_due(&mut s, now_ms());
+        s = match sleep {
+            None => match t.changed.wait(s) {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            Some(ms) => match t.changed.wait_timeout(s, Duration::from_millis(ms.max(1))) {
+                Ok((s, _)) => s,
+                Err(_) => return,
+            },
+        };
     }
 }
 
 /// The streams in the ticker's lists (tests).
 #[cfg(test)]
 pub fn waiting_ids() -> Vec<u32> {
-    ticker()
-        .wakers
-        .lock()
-        .map(|w| w.0.values().flatten().map(|(i, _)| *i).collect())
+    state()
+        .map(|s| s.waiting.values().flatten().map(|(i, _)| *i).collect())
         .unwrap_or_default()
 }

@@ -22,6 +22,7 @@ use crate::config::ConfigError;
 use crate::pipeline::deadline::Budgets;
 use crate::pipeline::telemetry::{Declared, Kind, Registry};
 use crate::pipeline::{Pipeline, Stage};
+pub use crate::ratelimit::global::Leading;
 use crate::time::Instant;
 
 /// Every mechanism's table of the metrics it may define.
@@ -48,6 +49,28 @@ pub fn pipeline(
     now: Instant,
     rng: u64,
 ) -> Result<Pipeline, ConfigError> {
+    build(config, seed, (worker, now, rng), Leading::Allowed)
+}
+
+/// A configuration's pipeline, as [`pipeline`] builds it, whose global
+/// rules never lead (see [`Leading`]): for a host whose pipeline cannot
+/// call out from where it runs (the native build's workers).
+pub fn follower(
+    config: &Config,
+    seed: (u64, u64),
+    worker: u32,
+    now: Instant,
+    rng: u64,
+) -> Result<Pipeline, ConfigError> {
+    build(config, seed, (worker, now, rng), Leading::Never)
+}
+
+fn build(
+    config: &Config,
+    seed: (u64, u64),
+    (worker, now, rng): (u32, Instant, u64),
+    leading: Leading,
+) -> Result<Pipeline, ConfigError> {
     let common = &config.common;
     let deadlines = config.deadlines.as_ref();
     // Every mechanism's table of metrics: defining another is refused.
@@ -65,7 +88,7 @@ pub fn pipeline(
         crate::breaker::stage::build(&config.breakers, common, seed, m)?,
         crate::retry::stage::build(&config.retry_budgets, common, m)?,
         crate::bulkhead::stage::build(&config.concurrency_limits, common, seed, m)?,
-        crate::ratelimit::stage::build(&config.rules, common, seed, rng, m)?,
+        crate::ratelimit::stage::build(&config.rules, common, seed, (rng, leading), m)?,
         crate::shed::stage::build(&config.shedders, common, now.as_ms(), worker, m)?,
     ]
     .into_iter()

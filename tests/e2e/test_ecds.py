@@ -7,10 +7,11 @@ Observed behaviour of Envoy 1.40 (see docs/deploy.md):
 - a good update is applied within a few tens of milliseconds of the rename
   (`extension_config_discovery.http_filter.<name>.update_success` + 1);
 - a bad one makes sluice's `on_configure` return false in the main-thread
-  VM; Envoy then logs "Unable to create Wasm plugin <name>", counts
-  `update_rejected` and `config_fail`, keeps the `version` of the last
-  good update, and keeps serving with the old configuration, whatever the
-  plugin's failure_policy;
+  VM (the native build's `config_new` return none); Envoy then logs
+  "Unable to create Wasm plugin <name>" ("Failed to initialize dynamic
+  module"), counts `update_rejected` and `config_fail`, keeps the
+  `version` of the last good update, and keeps serving with the old
+  configuration, whatever the wasm plugin's failure_policy;
 - but with no earlier good configuration (a proxy starting with a bad one),
   Envoy becomes ready anyway and answers 500 on that listener until a good
   configuration arrives.
@@ -24,8 +25,22 @@ import time
 import pytest
 
 import http1
-from ecds import EcdsStack, Load, plugin_config
-from harness import SlowUpstream, assert_burst_within_limit, metric, settle, time_passes, wait_until
+from ecds import EcdsStack, Load, host_config, plugin_config
+from harness import HOST, SlowUpstream, assert_burst_within_limit, metric, settle, time_passes, wait_until
+
+# What Envoy 1.40 logs when it rejects an update the filter refused, by host.
+REJECTED = {"wasm": "Filesystem config update rejected: Unable to create Wasm plugin sluice",
+            "native": "Filesystem config update rejected: Failed to create filter config: "
+                      "Failed to initialize dynamic module"}
+FAIL_OPEN_IS_WASM = pytest.mark.wasm_only("failure_policy is the wasm filter's")
+
+
+def filter_config(failure_policy):
+    """The filter's config with this wasm failure_policy (none: the host's
+    default config)."""
+    if failure_policy is None:
+        return lambda c, _name: host_config(c)
+    return lambda c, _name: plugin_config(c, failure_policy=failure_policy)
 
 UPDATE_TIMEOUT = 15  # seconds; an update lands in well under one on an idle machine
 
@@ -96,7 +111,8 @@ def test_unchanged_rules_keep_their_state_when_others_change():
         assert not unexpected, unexpected[:5]
 
 
-@pytest.mark.parametrize("failure_policy", [None, "FAIL_OPEN"], ids=["default-fail-closed", "fail-open"])
+@pytest.mark.parametrize("failure_policy", [None, pytest.param("FAIL_OPEN", marks=FAIL_OPEN_IS_WASM)],
+                         ids=["default-fail-closed", "fail-open"])
 def test_bad_configuration_is_refused_and_the_old_one_keeps_serving(failure_policy):
     good = {"rate_limits": [
         {"name": "load", "match": {"path_prefix": "/load"}, "bucket": {"rate": 20, "period": "1s", "burst": 20}},
@@ -108,10 +124,8 @@ def test_bad_configuration_is_refused_and_the_old_one_keeps_serving(failure_poli
         {"name": "a", "match": {"path_prefix": "/a"}, "bucket": {"rate": 0, "period": "1s", "burst": 1000}},
     ]}
     allowed = {(200, None), (429, "load")}
-    def wasm_config(c, _name):
-        return plugin_config(c, failure_policy=failure_policy)
 
-    with EcdsStack(good, wasm_config=wasm_config) as s, \
+    with EcdsStack(good, wasm_config=filter_config(failure_policy)) as s, \
             Load(s.port, path="/load", max_seconds=60, pause=0.001) as load:
         assert spend(s.port, "/a", {}, 3) == [200] * 3
         load.wait_for(lambda r: r[1] == 429, since=0, timeout=20, what="the load reaching its limit")
@@ -137,7 +151,7 @@ def test_bad_configuration_is_refused_and_the_old_one_keeps_serving(failure_poli
 
         logs = s.front.logs()
         assert "invalid configuration: rate_limits[1].bucket.rate: must be greater than 0, got 0" in logs
-        assert "Filesystem config update rejected: Unable to create Wasm plugin sluice" in logs
+        assert REJECTED[HOST] in logs
 
         # The subscription still takes the next good configuration.
         s.push({"rate_limits": [dict(good["rate_limits"][1], bucket={"rate": 1, "period": "1h", "burst": 50})]})
@@ -150,14 +164,12 @@ def test_bad_configuration_is_refused_and_the_old_one_keeps_serving(failure_poli
 def test_bad_first_configuration_leaves_the_filter_missing_500_until_a_good_one():
     """With no earlier good configuration to keep, a rejected one leaves the
     ECDS filter without config: Envoy 1.40 still becomes ready and answers
-    every request on that listener with an empty 500, whatever the
-    failure_policy, until a good configuration arrives."""
+    every request on that listener with an empty 500, whatever the wasm
+    plugin's failure_policy (FAIL_OPEN here), until a good configuration
+    arrives."""
     bad = {"rate_limits": [{"name": "a", "bucket": {"rate": 0, "period": "1s"}}]}
 
-    def wasm_config(c, _name):
-        return plugin_config(c, failure_policy="FAIL_OPEN")
-
-    with EcdsStack(bad, wasm_config=wasm_config) as s:
+    with EcdsStack(bad, wasm_config=filter_config("FAIL_OPEN" if HOST == "wasm" else None)) as s:
         assert s.ecds_stat("update_rejected") == 1
         assert s.ecds_stat("update_success") == 0
         assert [http1.get(s.port).status for _ in range(3)] == [500] * 3

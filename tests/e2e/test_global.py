@@ -12,8 +12,8 @@ import time
 import pytest
 
 import http1
-from harness import (ROOT, WASM, Envoy, free_port, front_bootstrap, metric, time_passes, upstream_bootstrap, wait_until,
-                     wasm_filter)
+from harness import (ROOT, WASM, Envoy, free_port, front_bootstrap, metric, sluice_filter, time_passes,
+                     upstream_bootstrap, wait_until)
 from rls import Redis, RlsServer, rls_cluster, wait_out_window_edge
 
 RLS_DOMAIN = "fleet"
@@ -42,7 +42,7 @@ class Upstream(Envoy):
 
 def replica(upstream, rls_port, config, concurrency=2):
     port = free_port()
-    boot = front_bootstrap(port, free_port(), upstream.port, [wasm_filter(config)])
+    boot = front_bootstrap(port, free_port(), upstream.port, [sluice_filter(config)])
     boot["static_resources"]["clusters"].append(rls_cluster("rls", rls_port))
     e = Envoy(boot, concurrency=concurrency)
     e.port = port
@@ -289,6 +289,21 @@ def test_a_new_keys_first_tokens_come_without_waiting_for_the_leaders_tick():
         assert waits[-1] < 1000, waits
 
 
+def test_a_key_seen_once_is_called_for_though_no_more_traffic_comes():
+    """One request of a new key, refused while its first batch is fetched,
+    then silence: the worker that saw it has no more traffic, yet its
+    demand is reported and the leader calls for the key (the native build
+    ticks a worker without traffic from Envoy's main thread); the key's
+    requests are admitted once the answer is in."""
+    with RlsServer(limits(100_000)) as rls, Upstream() as up, \
+            replica(up, rls.port, plugin(100_000, instances=1)) as e:
+        e.wait_stat(metric("sluice_global_leader", domain="global-test"), 1, timeout=10)
+        calls = rls.stats()["calls"]
+        assert get(e.port, "lonely").status == 429
+        wait_until(lambda: rls.stats()["calls"] > calls, 2, "a call for the key, with no more requests")
+        wait_until(lambda: get(e.port, "lonely").status == 200, 2, "the key's tokens")
+
+
 def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
     """`wait_for_tokens`: a request of a key whose first batch is being
     fetched waits for it, about a round trip, instead of being refused:
@@ -310,6 +325,7 @@ def test_with_wait_for_tokens_a_new_keys_first_request_is_admitted():
         assert rls.stats()["calls"] >= 20
 
 
+@pytest.mark.wasm_only("the wasm module's exports (test_native.py checks the native build's hooks)")
 def test_the_module_keeps_the_callbacks_its_calls_need():
     """The export stripping keeps proxy_on_grpc_receive and
     proxy_on_grpc_close: without them Envoy never hands the service's

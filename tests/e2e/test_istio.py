@@ -22,6 +22,8 @@ from ecds import WASM_TYPE, EcdsStack, several
 from harness import LABELS, METRICS_DUE_S, ROOT, WASM, metric, settle, wait_until
 from test_ecds import body_rule
 
+pytestmark = pytest.mark.wasm_only("Istio's WasmPlugin: the wasm build (its delivery emulated over ECDS)")
+
 ISTIO = ROOT / "examples/istio"
 MANIFESTS = sorted(p for p in ISTIO.glob("*.yaml") if "kind: WasmPlugin" in p.read_text())
 FAILURE_POLICY = {"FAIL_OPEN": "FAIL_OPEN", "FAIL_CLOSE": "FAIL_CLOSED", "FAIL_RELOAD": "FAIL_RELOAD"}

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 import http1
-from harness import ENVOY, METRICS_DUE_S, NATIVE, ROOT, SlowUpstream, Stack, time_passes, validate, wait_until
+from harness import (ENVOY, METRICS_DUE_S, NATIVE, ROOT, Envoy, SlowUpstream, Stack, free_port, front_bootstrap,
+                     native_filter, time_passes, upstream_bootstrap, validate, wait_until)
 from test_bulkhead_wait import first_then, h, in_flight_upstream, timed, together
 
 pytestmark = pytest.mark.native
@@ -44,6 +45,16 @@ def test_every_callback_the_module_imports_is_in_this_envoy():
     imported = symbols(NATIVE, "--undefined-only")
     assert imported, "the module imports no callback: not the module?"
     missing = imported - symbols(envoy_binary(), "--defined-only")
+    assert not missing, missing
+
+
+def test_the_module_exports_the_hooks_of_its_main_thread_work():
+    """Envoy 1.40 resolves a configuration's scheduler and stream hooks
+    only if the module exports them, and a module without them loads: its
+    ticks and its calls' answers would never reach it, silently."""
+    exported = symbols(NATIVE, "--defined-only")
+    hooks = ["scheduled"] + [f"http_stream_{e}" for e in ("headers", "data", "trailers", "complete", "reset")]
+    missing = {f"envoy_dynamic_module_on_http_filter_config_{h}" for h in hooks} - exported
     assert not missing, missing
 
 
@@ -164,3 +175,23 @@ def test_a_breaker_sees_responses_opens_and_fails_fast_on_both_workers():
         assert s.upstream_requests() == before, "an open breaker let requests reach the upstream"
         assert got[0].header("x-sluice-circuit") == "open"
         assert json.loads(got[0].body)["error"] == "circuit_open"
+
+
+def test_envoy_gateway_enables_it_on_the_routes_a_policy_targets():
+    """What Envoy Gateway makes of an EnvoyExtensionPolicy's `dynamicModule`
+    (its translator, internal/xds/translator/dynamicmodule.go): the filter
+    on the connection manager, disabled; enabled on each route the policy
+    targets by an empty FilterConfig (no per-route configuration);
+    sluice's JSON as a StringValue. Its rules apply on those routes only."""
+    f = native_filter({"rate_limits": [{"name": "eg", "bucket": dict(HOUR, burst=2)}]})
+    f.update(name="envoy.filters.http.dynamic_modules/sluice", disabled=True)
+    enable = {f["name"]: {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}}
+    routes = [{"name": "api", "match": {"prefix": "/api"}, "route": {"cluster": "upstream"},
+               "typed_per_filter_config": enable},
+              {"name": "other", "match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]
+    port, up_port = free_port(), free_port()
+    with Envoy(upstream_bootstrap(up_port, free_port()), concurrency=1), \
+            Envoy(front_bootstrap(port, free_port(), up_port, [f], routes)):
+        c = http1.Conn(port)
+        assert [c.request("/api").status for _ in range(3)] == [200, 200, 429]
+        assert [c.request("/").status for _ in range(3)] == [200] * 3

@@ -210,6 +210,7 @@ def test_exact_across_four_workers():
         assert s.front.settled_stat(metric("sluice_rl_requests_total", rule="exact", result="store_failure")) == 0
 
 
+@pytest.mark.wasm_only("the remembering layer over shared data (the native build's store has none)")
 def test_a_worker_skips_reads_of_its_own_writes_and_stays_exact():
     """One keep-alive connection (one worker) spends 150 of 350 tokens: most
     of its shared-data reads are skipped (the worker remembers its writes).

@@ -11,7 +11,7 @@ import pytest
 
 import http1
 from harness import (Envoy, FrontOf, SlowUpstream, assert_burst_within_limit, free_port, front_bootstrap, metric,
-                     time_passes, wait_until, wasm_filter)
+                     sluice_filter, time_passes, wait_until)
 
 SLOW_MS = 20
 
@@ -194,7 +194,7 @@ def test_with_leased_slots_the_limit_still_holds_across_workers_and_nothing_leak
     port = free_port()
     # An upstream that serves up to 200 at once, 300 ms each: requests overlap.
     with SlowUpstream(200, 300) as up, \
-            Envoy(front_bootstrap(port, free_port(), up.port, [wasm_filter(cfg)]), 2) as front:
+            Envoy(front_bootstrap(port, free_port(), up.port, [sluice_filter(cfg)]), 2) as front:
         # Light load first: both workers lease slots.
         c = http1.Conn(port)
         assert [c.request("/").status for _ in range(5)] == [200] * 5

@@ -4,14 +4,19 @@
 //! a VM leads is decided here and nowhere else.
 
 use super::codec::{self, Lease};
-use super::{Coordinator, LEASE_MS};
+use super::{Coordinator, Leading, LEASE_MS};
 use crate::store::Store;
 
 impl Coordinator {
     /// Says that this configuration is the newest with these rules (when
     /// it starts): a configuration it replaces gives the lease up to it.
-    /// (Not retried on a tick: by then a newer one may have started.)
+    /// (Not retried on a tick: by then a newer one may have started.) A
+    /// follower says nothing: it may be built long after its configuration
+    /// started, when a newer one has.
     pub fn announce(&self, store: &dyn Store) {
+        if self.leading == Leading::Never {
+            return;
+        }
         let _ = store.set(&self.newest_key, &codec::encode_newest(self.config), None);
     }
 

@@ -99,6 +99,18 @@ impl Mode {
     }
 }
 
+/// Whether a VM's global rules may lead: take the lease and call the
+/// service. Every VM of the wasm build may; a host that can call out from
+/// only some of its pipelines (the native build, from Envoy's main thread)
+/// builds the others as followers, which report demand and follow the
+/// breakers but never lead, nor say their configuration is the newest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Leading {
+    #[default]
+    Allowed,
+    Never,
+}
+
 /// How a call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallResult {
@@ -221,6 +233,7 @@ pub struct Coordinator {
     me: u64,
     /// The version of this VM's configuration (`Config::version`).
     config: u64,
+    leading: Leading,
     leader: bool,
     lease_key: String,
     /// The version of the newest configuration started with these rules.
@@ -252,14 +265,14 @@ fn oldest_first(v: &mut [((RuleId, u64), u64)]) {
 }
 
 impl Coordinator {
-    /// `me`: a random id of this VM; `config`: its configuration's version.
-    /// Rules past the last id (256; the limiter refuses more than
-    /// `MAX_GLOBAL_RULES`) are dropped.
+    /// `me`: a random id of this VM; `config`: its configuration's version;
+    /// `leading`: whether it may lead. Rules past the last id (256; the
+    /// limiter refuses more than `MAX_GLOBAL_RULES`) are dropped.
     pub fn new(
         config_domain: &str,
         mut rules: Vec<GlobalRule>,
         services: Vec<Service>,
-        (me, config): (u64, u64),
+        (me, config, leading): (u64, u64, Leading),
     ) -> Self {
         rules.truncate(usize::from(u8::MAX) + 1);
         let mut id = StateId::new((0x676c_6f62_616c, 0x006c_6561_7365), config_domain);
@@ -272,6 +285,7 @@ impl Coordinator {
             services,
             me,
             config,
+            leading,
             leader: false,
             lease_key: format!("sg{id:08x}/lease2"),
             newest_key: format!("sg{id:08x}/newest"),
@@ -334,7 +348,7 @@ impl Coordinator {
         }
         self.last_slow_ms = now_ms;
         let was = self.leader;
-        self.leader = self.hold_lease(store, now_ms);
+        self.leader = self.leading == Leading::Allowed && self.hold_lease(store, now_ms);
         if was != self.leader {
             report.leader = Some(self.leader);
         }

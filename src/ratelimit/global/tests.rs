@@ -5,7 +5,7 @@
 use super::codec::{self, Health, HealthState, Lease, Want};
 use super::pool::{Pool, PoolSpec};
 use super::proto::{self, Code};
-use super::{Call, Coordinator, Mode, Report, RuleId};
+use super::{Call, Coordinator, Leading, Mode, Report, RuleId};
 use crate::ratelimit::stage;
 use crate::ratelimit::{LimitVerdict, Limiter};
 use crate::request::fake::FakeRequest;
@@ -33,10 +33,15 @@ pub(super) struct Vm {
 }
 
 pub(super) fn vm(json: &str, me: u64, store: &MemoryStore) -> Vm {
+    vm_as(json, me, store, Leading::Allowed)
+}
+
+/// A VM whose global rules may lead or not (see [`Leading`]).
+pub(super) fn vm_as(json: &str, me: u64, store: &MemoryStore, leading: Leading) -> Vm {
     let cfg = parse(json.as_bytes()).expect("valid");
     let limiter = Limiter::new(&cfg.rules, &cfg.common, (1, 2)).expect("limiter");
     limiter.create_tables(store).expect("tables");
-    let coord = stage::test_coordinator(&cfg.common, &limiter, me).expect("global rules");
+    let coord = stage::test_coordinator(&cfg.common, &limiter, me, leading).expect("global rules");
     Vm {
         limiter,
         coord,
@@ -306,6 +311,55 @@ fn one_vm_leads_and_another_takes_over_when_its_lease_lapses() {
         a.tick(&store, T0 + super::LEASE_MS + 200).leader,
         Some(true)
     );
+}
+
+#[test]
+fn a_follower_never_leads_yet_reports_demand_wakes_the_leader_and_follows_the_breaker() {
+    let store = MemoryStore::default();
+    let json = config(r#","breaker":{"failures":1,"cooldown":"1s"}"#);
+    let mut f = vm_as(&json, 1, &store, Leading::Never);
+    // The lease is free, for ever: a follower never takes it, nor listens.
+    for t in [T0, T0 + 100, T0 + 5 * super::LEASE_MS] {
+        let r = f.tick(&store, t);
+        assert!(
+            r.leader.is_none() && !r.listen && r.calls.is_empty(),
+            "{r:?}"
+        );
+    }
+    assert!(!f.coord.is_leader());
+    // A starved key: its demand is reported at once, and the leader woken.
+    let t = T0 + 5 * super::LEASE_MS;
+    assert_ne!(f.request(&store, t + 10, "k"), LimitVerdict::Allow);
+    assert!(f.tick(&store, t + 11).wake);
+    // A VM that may lead takes the lease and calls for the follower's key.
+    let mut l = vm(&json, 2, &store);
+    let mut r = l.tick(&store, t + 20);
+    assert_eq!(r.leader, Some(true));
+    assert_eq!(r.calls.len(), 1, "{r:?}");
+    // The call fails: the breaker opens, and the follower uses its backstop.
+    let call = r.calls.remove(0);
+    l.answer(&store, t + 30, &call, None);
+    let r = f.tick(&store, t + 200);
+    assert_eq!(r.modes, vec![(RuleId(0), Mode::Backstop)]);
+}
+
+#[test]
+fn a_follower_built_late_does_not_hold_a_newer_configuration_back() {
+    let store = MemoryStore::default();
+    let old = config("");
+    let new = format!("{old} ");
+    let mut a = vm(&old, 1, &store);
+    a.coord.announce(&store);
+    assert_eq!(a.tick(&store, T0).leader, Some(true));
+    let mut n = vm(&new, 2, &store);
+    n.coord.announce(&store);
+    // A follower of the old configuration starts after the new one did
+    // (its worker's first stream of it came late): it says nothing, so
+    // the new configuration takes the lease at once.
+    let late = vm_as(&old, 3, &store, Leading::Never);
+    late.coord.announce(&store);
+    assert_eq!(n.tick(&store, T0 + 10).leader, Some(true));
+    assert_eq!(a.tick(&store, T0 + 100).leader, Some(false));
 }
 
 #[test]

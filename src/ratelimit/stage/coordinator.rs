@@ -10,7 +10,7 @@ use crate::config::Common;
 use crate::pipeline::stage::{Cx, Signal};
 use crate::pipeline::telemetry::Registry;
 use crate::ratelimit::global::{
-    CallResult, Coordinator, GlobalRule, Mode, Report, RuleId, Service, STARVED_WAIT_NS,
+    CallResult, Coordinator, GlobalRule, Leading, Mode, Report, RuleId, Service, STARVED_WAIT_NS,
 };
 use crate::ratelimit::{Evaluation, LimitVerdict, Limiter, RuleResult};
 use crate::request::RequestView;
@@ -21,7 +21,7 @@ use log::{info, warn};
 pub(super) fn coordinator(
     common: &Common,
     limiter: &Limiter,
-    vm: u64,
+    (vm, leading): (u64, Leading),
     reg: &mut Registry,
 ) -> (Option<Coordinator>, Vec<Option<RuleId>>) {
     let mut rules = Vec::new();
@@ -59,7 +59,12 @@ pub(super) fn coordinator(
     if rules.is_empty() {
         return (None, of);
     }
-    let c = Coordinator::new(&common.domain, rules, services, (vm, common.version));
+    let c = Coordinator::new(
+        &common.domain,
+        rules,
+        services,
+        (vm, common.version, leading),
+    );
     for (id, r) in c.rules() {
         if let Some(o) = of.get_mut(r.rule) {
             *o = Some(id);
@@ -70,9 +75,14 @@ pub(super) fn coordinator(
 
 /// The coordinator of a configuration, for the core's tests.
 #[cfg(test)]
-pub fn test_coordinator(common: &Common, limiter: &Limiter, vm: u64) -> Option<Coordinator> {
+pub fn test_coordinator(
+    common: &Common,
+    limiter: &Limiter,
+    vm: u64,
+    leading: Leading,
+) -> Option<Coordinator> {
     let mut reg = Registry::declared(&[super::METRICS]);
-    coordinator(common, limiter, vm, &mut reg).0
+    coordinator(common, limiter, (vm, leading), &mut reg).0
 }
 
 impl RateLimits {

@@ -15,7 +15,7 @@ mod metrics;
 mod wait;
 
 use super::config::RuleSpec;
-use super::global::{Coordinator, Report, RuleId};
+use super::global::{Coordinator, Leading, Report, RuleId};
 use super::reply::{action, Action, PolicyInfo};
 use super::shaping::HeldList;
 use super::{Evaluation, Limiter, RuleResult};
@@ -58,12 +58,13 @@ pub struct RateLimits {
     leader_metric: MetricId,
 }
 
-/// The stage, if the configuration has rules.
+/// The stage, if the configuration has rules; `vm` is a random id of this
+/// VM, `leading` whether its global rules may lead.
 pub fn build(
     specs: &[RuleSpec],
     common: &Common,
     seed: (u64, u64),
-    vm: u64,
+    vm: (u64, Leading),
     reg: &mut Registry,
 ) -> Result<Option<Box<dyn Stage>>, ConfigError> {
     if specs.is_empty() {
