@@ -101,7 +101,7 @@ impl Header {
     /// # Safety
     /// Both pointers must describe readable bytes (Envoy's promise for the
     /// hook that handed the header over).
-    pub unsafe fn to_pair(&self) -> (Vec<u8>, Vec<u8>) {
+    pub unsafe fn to_pair(self) -> (Vec<u8>, Vec<u8>) {
         // SAFETY: the caller's promise.
         unsafe {
             let key = Buffer {
