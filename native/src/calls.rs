@@ -112,36 +112,85 @@ impl Answer {
 }
 
 /// The calls under way, by Envoy's stream id (one configuration's, on the
-/// main thread).
+/// main thread), and the one being started.
+///
+/// Envoy may end a stream inside `start_http_stream` itself, before it
+/// returns the stream's id (a cluster without a healthy host answers 503
+/// at once): every event for a stream not known then belongs to the call
+/// being started ([`InFlight::begin`]), and its end is handed back when
+/// the start returns ([`InFlight::started`]). Without that, such a call
+/// never ended for the pipeline, and its key was never asked for again.
 #[derive(Default)]
-pub struct InFlight(HashMap<u64, Answer>);
+pub struct InFlight {
+    calls: HashMap<u64, Answer>,
+    starting: Option<Starting>,
+}
+
+/// A call being started, and how its stream ended if it did meanwhile
+/// (`Some(true)`: complete; `Some(false)`: reset).
+struct Starting {
+    answer: Answer,
+    ended: Option<bool>,
+}
 
 impl InFlight {
-    /// Call `call` goes on as stream `stream`.
-    pub fn insert(&mut self, stream: u64, call: u64) {
+    /// Call `call` is being started: events until [`InFlight::started`]
+    /// for a stream not known are its.
+    pub fn begin(&mut self, call: u64) {
         let answer = Answer {
             call,
             ..Answer::default()
         };
-        self.0.insert(stream, answer);
+        self.starting = Some(Starting {
+            answer,
+            ended: None,
+        });
+    }
+
+    /// The start returned: its stream's id (`None`: it did not start). The
+    /// call goes on as that stream, or, if its stream already ended (or it
+    /// did not start), the call's id and its message (`None`: failed).
+    pub fn started(&mut self, stream: Option<u64>) -> Option<(u64, Option<Vec<u8>>)> {
+        let s = self.starting.take()?;
+        match (stream, s.ended) {
+            (Some(stream), None) => {
+                self.calls.insert(stream, s.answer);
+                None
+            }
+            (_, Some(true)) => Some((s.answer.call, s.answer.message())),
+            (_, Some(false)) | (None, None) => Some((s.answer.call, None)),
+        }
     }
 
     /// How many are under way.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.calls.len()
+    }
+
+    /// The answer of stream `stream` so far: a call under way, or the one
+    /// being started.
+    fn answer(&mut self, stream: u64) -> Option<&mut Answer> {
+        match self.calls.get_mut(&stream) {
+            Some(a) => Some(a),
+            None => self
+                .starting
+                .as_mut()
+                .filter(|s| s.ended.is_none())
+                .map(|s| &mut s.answer),
+        }
     }
 
     /// The answer's headers.
     pub fn headers(&mut self, stream: u64, headers: &[(Vec<u8>, Vec<u8>)]) {
-        if let Some(a) = self.0.get_mut(&stream) {
+        if let Some(a) = self.answer(stream) {
             a.headers(headers);
         }
     }
 
     /// A piece of the answer's body.
     pub fn data(&mut self, stream: u64, bytes: &[u8]) {
-        if let Some(a) = self.0.get_mut(&stream) {
+        if let Some(a) = self.answer(stream) {
             if a.body.len() + bytes.len() > MAX_ANSWER {
                 a.too_big = true;
             } else {
@@ -152,7 +201,7 @@ impl InFlight {
 
     /// The answer's trailers (`grpc-status`).
     pub fn trailers(&mut self, stream: u64, trailers: &[(Vec<u8>, Vec<u8>)]) {
-        if let Some(a) = self.0.get_mut(&stream) {
+        if let Some(a) = self.answer(stream) {
             for (k, v) in trailers {
                 if k.as_slice() == b"grpc-status" {
                     a.grpc_status = Some(v.clone());
@@ -162,9 +211,15 @@ impl InFlight {
     }
 
     /// The stream ended (`complete`) or was reset: the call's id and its
-    /// message, `None` for a failed call; nothing for a stream not known.
+    /// message, `None` for a failed call; nothing for a stream not known
+    /// (the call being started's end is kept for [`InFlight::started`]).
     pub fn end(&mut self, stream: u64, complete: bool) -> Option<(u64, Option<Vec<u8>>)> {
-        let a = self.0.remove(&stream)?;
+        let Some(a) = self.calls.remove(&stream) else {
+            if let Some(s) = self.starting.as_mut().filter(|s| s.ended.is_none()) {
+                s.ended = Some(complete);
+            }
+            return None;
+        };
         let call = a.call;
         Some((call, if complete { a.message() } else { None }))
     }
@@ -196,8 +251,12 @@ mod tests {
     #[test]
     fn an_answer_counts_only_with_status_200_grpc_status_0_and_one_message() {
         let mut f = InFlight::default();
+        let go = |f: &mut InFlight, stream, call| {
+            f.begin(call);
+            assert_eq!(f.started(Some(stream)), None);
+        };
         let ok = |f: &mut InFlight, stream, trailers: &[(&str, &str)]| {
-            f.insert(stream, 7);
+            go(f, stream, 7);
             f.headers(stream, &pairs(&[(":status", "200")]));
             f.data(stream, &frame(b"hi")[..3]);
             f.data(stream, &frame(b"hi")[3..]);
@@ -211,22 +270,54 @@ mod tests {
         assert_eq!(ok(&mut f, 2, &[("grpc-status", "14")]), Some((7, None)));
         assert_eq!(ok(&mut f, 3, &[]), Some((7, None)), "no grpc-status");
         // A trailers-only answer: grpc-status in the headers, no message.
-        f.insert(4, 8);
+        go(&mut f, 4, 8);
         f.headers(4, &pairs(&[(":status", "200"), ("grpc-status", "0")]));
         assert_eq!(f.end(4, true), Some((8, None)));
-        f.insert(5, 9);
+        go(&mut f, 5, 9);
         f.headers(5, &pairs(&[(":status", "503"), ("grpc-status", "14")]));
         assert_eq!(f.end(5, true), Some((9, None)));
         // A reset, an unknown stream, a body past the bound.
-        f.insert(6, 10);
+        go(&mut f, 6, 10);
         f.headers(6, &pairs(&[(":status", "200")]));
         assert_eq!(f.end(6, false), Some((10, None)));
         assert_eq!(f.end(99, true), None);
-        f.insert(7, 11);
+        go(&mut f, 7, 11);
         f.headers(7, &pairs(&[(":status", "200")]));
         f.data(7, &vec![0; MAX_ANSWER + 1]);
         f.trailers(7, &pairs(&[("grpc-status", "0")]));
         assert_eq!(f.end(7, true), Some((11, None)));
         assert_eq!(f.len(), 0);
+    }
+
+    /// Envoy ends a call's stream inside `start_http_stream` (a cluster
+    /// without a healthy host answers at once): the events, for a stream
+    /// not known yet, are the call being started's, and its end comes back
+    /// when the start returns, once.
+    #[test]
+    fn a_call_that_ends_while_it_starts_is_handed_back_when_the_start_returns() {
+        let mut f = InFlight::default();
+        // Answered and complete before the id is known.
+        f.begin(3);
+        f.headers(40, &pairs(&[(":status", "200")]));
+        f.data(40, &frame(b"ok"));
+        f.trailers(40, &pairs(&[("grpc-status", "0")]));
+        assert_eq!(f.end(40, true), None);
+        assert_eq!(f.started(Some(40)), Some((3, Some(b"ok".to_vec()))));
+        assert_eq!(f.end(40, true), None, "not twice");
+        // Reset (Envoy's 503 with no healthy host) before the id is known.
+        f.begin(4);
+        f.headers(41, &pairs(&[(":status", "503")]));
+        assert_eq!(f.end(41, false), None);
+        assert_eq!(f.started(Some(41)), Some((4, None)));
+        // Not started: a failed call; a normal start: nothing yet.
+        f.begin(5);
+        assert_eq!(f.started(None), Some((5, None)));
+        f.begin(6);
+        assert_eq!(f.started(Some(42)), None);
+        assert_eq!(f.end(42, false), Some((6, None)));
+        assert_eq!(f.len(), 0);
+        // Nothing being started: an unknown stream's events are dropped.
+        f.end(43, true);
+        assert_eq!(f.started(Some(43)), None);
     }
 }

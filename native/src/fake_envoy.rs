@@ -239,6 +239,10 @@ thread_local! {
     /// The streams started on this thread, and whether starting fails.
     pub static STARTED: std::cell::RefCell<Vec<Started>> = const { std::cell::RefCell::new(Vec::new()) };
     pub static START_FAILS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set to a configuration `config_new` made: a call's stream is reset
+    /// inside `start_http_stream`, as Envoy resets one to a cluster
+    /// without a healthy host before the start returns.
+    pub static RESET_ON_START: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 static NEXT_STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -275,6 +279,15 @@ pub unsafe fn envoy_dynamic_module_callback_http_filter_config_start_http_stream
     };
     STARTED.with(|s| s.borrow_mut().push(started));
     unsafe { *stream_id = id };
+    let reset = RESET_ON_START.with(|r| r.get());
+    if reset != 0 {
+        crate::config_hooks::envoy_dynamic_module_on_http_filter_config_http_stream_reset(
+            std::ptr::null_mut(),
+            reset as *const std::ffi::c_void,
+            id,
+            0,
+        );
+    }
     0
 }
 

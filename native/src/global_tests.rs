@@ -7,7 +7,9 @@
 use crate::abi::{self, Buffer, Header};
 use crate::calls::frame;
 use crate::config_hooks::*;
-use crate::fake_envoy::{FakeStream, Started, CONFIG_COMMITS, STARTED, START_FAILS};
+use crate::fake_envoy::{
+    FakeStream, Started, CONFIG_COMMITS, RESET_ON_START, STARTED, START_FAILS,
+};
 use crate::hooks::*;
 use crate::ticker::{EVENT_TICK, EVENT_WAKE};
 use std::ffi::c_void;
@@ -167,5 +169,34 @@ fn a_failed_call_brings_no_tokens_and_a_starved_key_wakes_the_leader() {
     std::thread::sleep(Duration::from_millis(110));
     tick(cfg, EVENT_TICK);
     assert_eq!(request(cfg, "b"), abi::CONTINUE, "the backstop");
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}
+
+/// Envoy resets a call's stream inside `start_http_stream` (a cluster
+/// without a healthy host answers 503 before the start returns): the call
+/// is a failed one, as a call that cannot start is. Lost, it left the key
+/// waiting for it for good: never called for again, the breaker never
+/// opened, the backstop never served it.
+#[test]
+fn a_call_envoy_resets_while_it_starts_is_a_failed_call() {
+    let cfg = config("unit-global-reset");
+    tick(cfg, EVENT_TICK); // the main thread leads, and listens
+    assert_eq!(request(cfg, "c"), abi::STOP_ITERATION);
+    RESET_ON_START.with(|r| r.set(cfg as usize));
+    std::thread::sleep(Duration::from_millis(15));
+    tick(cfg, EVENT_TICK); // the idle worker reports the key, wakes the leader
+    tick(cfg, EVENT_WAKE);
+    assert_eq!(started().len(), 1, "called, and reset");
+    std::thread::sleep(Duration::from_millis(110));
+    tick(cfg, EVENT_TICK);
+    assert_eq!(
+        started().len(),
+        1,
+        "called again, and reset: the breaker opens"
+    );
+    RESET_ON_START.with(|r| r.set(0));
+    std::thread::sleep(Duration::from_millis(110));
+    tick(cfg, EVENT_TICK);
+    assert_eq!(request(cfg, "c"), abi::CONTINUE, "the backstop");
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }

@@ -210,13 +210,17 @@ impl MainThread {
             return;
         }
         for c in out.calls {
-            if let Some(stream) = calls::start(h.envoy(), &c) {
-                self.state().calls.insert(stream, c.id);
-                continue;
+            self.state().calls.begin(c.id);
+            // (Envoy may run the call's stream hooks before it returns.)
+            let stream = calls::start(h.envoy(), &c);
+            if stream.is_none() {
+                log::debug!("sluice: could not call cluster {}", c.cluster);
             }
-            log::debug!("sluice: could not call cluster {}", c.cluster);
+            let Some((id, body)) = self.state().calls.started(stream) else {
+                continue;
+            };
             let out = run(&mut self.state(), h, |e, sink| {
-                e.call_done(sink, c.id, None)
+                e.call_done(sink, id, body.as_deref())
             });
             if let Some(out) = out {
                 self.carry_out(h, out, false);
