@@ -158,20 +158,23 @@ impl FilterConfig {
     }
 
     /// Runs `f` on worker `w`'s state with its pipeline (built on first
-    /// use), from one of its hooks. `None` if the state is in use by this
-    /// thread already (a host call re-entered the module) or the pipeline
-    /// could not be built; the main thread holding it is waited for.
+    /// use), from a hook of stream `me`. `None` if the state is in use by
+    /// this thread already (a host call re-entered the module) or the
+    /// pipeline could not be built; the main thread holding it is waited
+    /// for.
     pub fn with<R>(
         &self,
         w: &Worker,
+        me: u32,
         f: impl FnOnce(&mut Engine, &mut WorkerState) -> R,
     ) -> Option<R> {
         // A panic in an earlier call poisons the lock: its pipeline is
         // dropped and a new one built, as a wasm VM is restarted; the
-        // streams it had paused are let go.
+        // streams it had paused are let go, but `me`, whose own hook this
+        // is (its end, say: Envoy must not be told to continue it there).
         let mut state = w.lock_from_hook()?;
         let orphans = if state.panicked {
-            state.state.orphans(w)
+            state.state.orphans(w, me)
         } else {
             Vec::new()
         };

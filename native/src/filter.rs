@@ -120,7 +120,7 @@ impl Filter {
         let (id, envoy) = (self.id, self.envoy);
         let m = &mut self.sink(envoy);
         let clock = HookClock::default();
-        let decided = self.config.with(w, |e, st| {
+        let decided = self.config.with(w, self.id, |e, st| {
             let ticked = tick_if_due(e, st, m, &clock);
             let (verdict, out) = e.request(m, &clock, id, &req);
             if verdict == Verdict::Pause {
@@ -144,7 +144,7 @@ impl Filter {
             // Resumed or answered later through an effect, maybe from a
             // tick; or already, by the effects just carried out.
             Verdict::Pause => {
-                let left = self.config.with(w, |_, st| {
+                let left = self.config.with(w, self.id, |_, st| {
                     st.in_hook.retain(|&s| s != id);
                     let went_on = st.went_on.contains(&id);
                     st.went_on.retain(|&s| s != id);
@@ -174,7 +174,9 @@ impl Filter {
         let id = self.id;
         let m = &mut self.sink(self.envoy);
         let clock = HookClock::default();
-        let Some((headers, out)) = self.config.with(w, |e, _| e.response(m, &clock, id, &resp))
+        let Some((headers, out)) = self
+            .config
+            .with(w, self.id, |e, _| e.response(m, &clock, id, &resp))
         else {
             return abi::CONTINUE;
         };
@@ -198,7 +200,7 @@ impl Filter {
         let id = self.id;
         let m = &mut self.sink(self.envoy);
         let clock = HookClock::default();
-        let done = self.config.with(w, |e, st| {
+        let done = self.config.with(w, self.id, |e, st| {
             unpause(w, st, id);
             (e.end(m, &clock, id), tick_if_due(e, st, m, &clock))
         });
@@ -222,7 +224,7 @@ impl Filter {
         }
         if let Some(tick) = out.tick {
             let now = clock.now().as_ms();
-            let next = self.config.with(w, |_, st| {
+            let next = self.config.with(w, self.id, |_, st| {
                 st.set_period(tick.as_ms(), now);
                 st.next_tick_ms
             });
@@ -240,7 +242,9 @@ impl Filter {
                 Effect::Resume { stream } => (stream.0, false),
                 Effect::Again { stream } => (stream.0, true),
                 Effect::Reply { stream, rejection } => {
-                    let found = self.config.with(w, |_, st| unpause(w, st, stream.0));
+                    let found = self
+                        .config
+                        .with(w, self.id, |_, st| unpause(w, st, stream.0));
                     if let Some(Some(envoy)) = found {
                         reply::send(envoy, &rejection, self.config.reason_header.as_deref());
                     }
@@ -254,17 +258,22 @@ impl Filter {
     /// A paused stream of this worker may go on: the later stages (or,
     /// `again`, the one that paused it) decide on it.
     fn go_on(&self, w: &Worker, clock: &HookClock, stream: u32, again: bool) {
-        let found = self.config.with(w, |_, st| st.paused.get(&stream).copied());
+        let found = self
+            .config
+            .with(w, self.id, |_, st| st.paused.get(&stream).copied());
         let Some(Some(envoy)) = found else {
             let m = &mut self.sink(self.envoy);
-            if let Some(out) = self.config.with(w, |e, _| e.gone(m, clock, stream)) {
+            if let Some(out) = self
+                .config
+                .with(w, self.id, |e, _| e.gone(m, clock, stream))
+            {
                 self.carry_out(w, clock, out);
             }
             return;
         };
         let req = HostRequest(envoy);
         let m = &mut self.sink(envoy);
-        let decided = self.config.with(w, |e, st| {
+        let decided = self.config.with(w, self.id, |e, st| {
             let (verdict, out) = e.go_on(m, clock, stream, &req, again);
             // Let go inside its own request hook: the hook goes on.
             let in_hook = st.in_hook.contains(&stream);
@@ -332,7 +341,7 @@ impl Filter {
         let _hook = InHook::enter(w);
         let m = &mut self.sink(self.envoy);
         let clock = HookClock::default();
-        let ticked = self.config.with(w, |e, st| {
+        let ticked = self.config.with(w, self.id, |e, st| {
             st.next_tick_ms = 0;
             tick_if_due(e, st, m, &clock)
         });

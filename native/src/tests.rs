@@ -208,7 +208,7 @@ fn after_a_panic_the_streams_its_pipeline_had_paused_go_on_and_a_new_pipeline_se
     let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
     let w = c.worker(0).unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        c.with(w, |_, _| panic!("a bug"))
+        c.with(w, 0, |_, _| panic!("a bug"))
     }));
     assert!(panicked.is_err());
     assert_eq!(second.continued, 0);
@@ -221,6 +221,53 @@ fn after_a_panic_the_streams_its_pipeline_had_paused_go_on_and_a_new_pipeline_se
     assert_eq!(status, abi::STOP_ITERATION);
     for (e, f) in [(e1, f1), (e2, f2)] {
         envoy_dynamic_module_on_http_filter_stream_complete(e, f);
+        envoy_dynamic_module_on_http_filter_destroy(f);
+    }
+    envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+}
+
+/// After a panic, the worker's next hook may be a paused stream's own end
+/// (its client went away while it waited): that stream is not told to go
+/// on, nor answered, from inside its end; the other waiters are.
+#[test]
+fn after_a_panic_a_paused_stream_ending_is_not_continued_from_its_own_end() {
+    let cfg = config(
+        r#"{"domain":"unit-panic-end","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
+    );
+    let mut streams: Vec<Box<FakeStream>> = (0..3).map(|_| Box::default()).collect();
+    let envoys: Vec<_> = streams.iter_mut().map(|s| s.ptr()).collect();
+    let filters: Vec<_> = envoys
+        .iter()
+        .map(|&e| envoy_dynamic_module_on_http_filter_new(cfg, e))
+        .collect();
+    let statuses: Vec<_> = envoys
+        .iter()
+        .zip(&filters)
+        .map(|(&e, &f)| envoy_dynamic_module_on_http_filter_request_headers(e, f, true))
+        .collect();
+    assert_eq!(
+        statuses,
+        [abi::CONTINUE, abi::STOP_ITERATION, abi::STOP_ITERATION]
+    );
+    // SAFETY: the pointer `config_new` made, alive until destroyed below.
+    let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
+    let w = c.worker(0).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.with(w, 0, |_, _| panic!("a bug"))
+    }));
+    assert!(panicked.is_err());
+    // The second waiter's stream ends first: it alone is left alone.
+    envoy_dynamic_module_on_http_filter_stream_complete(envoys[1], filters[1]);
+    assert_eq!(streams[1].continued, 0, "continued from inside its own end");
+    assert!(
+        streams[1].replies.is_empty(),
+        "answered from inside its own end"
+    );
+    assert_eq!(streams[2].continued, 1, "the other waiter goes on");
+    for (i, (&e, &f)) in envoys.iter().zip(&filters).enumerate() {
+        if i != 1 {
+            envoy_dynamic_module_on_http_filter_stream_complete(e, f);
+        }
         envoy_dynamic_module_on_http_filter_destroy(f);
     }
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);

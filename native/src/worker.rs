@@ -66,15 +66,15 @@ impl WorkerState {
     }
 
     /// The streams paused by a pipeline a panic took, but those whose own
-    /// request hook panicked (its failure policy answered for them): out
-    /// of every list, to be let go.
-    pub fn orphans(&mut self, w: &Worker) -> Vec<FilterPtr> {
+    /// request hook panicked (its failure policy answered for them) and
+    /// `me`, whose hook runs now: out of every list, to be let go.
+    pub fn orphans(&mut self, w: &Worker, me: u32) -> Vec<FilterPtr> {
         let in_hook = std::mem::take(&mut self.in_hook);
         self.went_on.clear();
         let mut out = Vec::new();
         for (id, envoy) in self.paused.drain() {
             crate::ticker::done(w.key(), id);
-            if !in_hook.contains(&id) {
+            if id != me && !in_hook.contains(&id) {
                 out.push(envoy);
             }
         }
