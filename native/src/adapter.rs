@@ -1,7 +1,7 @@
 //! The one place this crate calls the core's pipeline and wiring: a change
 //! of their interface (the time the host passes in, say) is an edit here.
 //!
-//! Core APIs used: `wiring::{parse, pipeline, follower, shared_seed}`,
+//! Core APIs used: `wiring::{parse, pipeline, rebuilt, follower, shared_seed}`,
 //! `Pipeline::{start, request, resume, again, response, end, gone, tick,
 //! call_done, woken, close, is_empty, reason_header}`, `pipeline::{Env,
 //! Outcome, Effect, Verdict, Signal, Call}`, `telemetry::{Sink, MetricId,
@@ -125,10 +125,13 @@ fn with_env<R>(sink: &mut dyn Sink, clock: &HookClock, f: impl FnOnce(&mut Env<'
 }
 
 /// Which pipeline of a configuration: the one on Envoy's main thread,
-/// whose global rules lead (the only one that can call out), or a worker's.
+/// whose global rules lead (the only one that can call out), the same
+/// built again after a panic (it leads, but does not say its configuration
+/// is the newest: a newer one may have started since), or a worker's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Main,
+    MainAgain,
     Worker,
 }
 
@@ -144,6 +147,7 @@ impl Engine {
     ) -> Result<Self, String> {
         let build = match role {
             Role::Main => wiring::pipeline,
+            Role::MainAgain => wiring::rebuilt,
             Role::Worker => wiring::follower,
         };
         let mut pipeline = build(config, seed, tag, now(), rng).map_err(|e| e.to_string())?;

@@ -25,7 +25,7 @@ impl Host for FilterConfig {
     }
 
     fn rebuild(&self) -> Result<Engine, String> {
-        self.build(Role::Main)
+        self.build(Role::MainAgain)
     }
 }
 

@@ -65,6 +65,19 @@ pub fn follower(
     build(config, seed, (worker, now, rng), Leading::Never)
 }
 
+/// A configuration's pipeline, as [`pipeline`] builds it, built again
+/// after the one that could lead was lost (a panic): it may lead, but does
+/// not say its configuration is the newest (see [`Leading`]).
+pub fn rebuilt(
+    config: &Config,
+    seed: (u64, u64),
+    worker: u32,
+    now: Instant,
+    rng: u64,
+) -> Result<Pipeline, ConfigError> {
+    build(config, seed, (worker, now, rng), Leading::Rebuilt)
+}
+
 fn build(
     config: &Config,
     seed: (u64, u64),

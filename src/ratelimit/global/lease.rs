@@ -11,10 +11,11 @@ impl Coordinator {
     /// Says that this configuration is the newest with these rules (when
     /// it starts): a configuration it replaces gives the lease up to it.
     /// (Not retried on a tick: by then a newer one may have started.) A
-    /// follower says nothing: it may be built long after its configuration
-    /// started, when a newer one has.
+    /// follower, or a pipeline built again after a crash, says nothing: it
+    /// may be built long after its configuration started, when a newer one
+    /// has.
     pub fn announce(&self, store: &dyn Store) {
-        if self.leading == Leading::Never {
+        if self.leading != Leading::Allowed {
             return;
         }
         let _ = store.set(&self.newest_key, &codec::encode_newest(self.config), None);

@@ -104,11 +104,15 @@ impl Mode {
 /// only some of its pipelines (the native build, from Envoy's main thread)
 /// builds the others as followers, which report demand and follow the
 /// breakers but never lead, nor say their configuration is the newest.
+/// A pipeline built again after a crash of the one that could lead may
+/// lead, but says nothing either: a newer configuration may have started
+/// since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Leading {
     #[default]
     Allowed,
     Never,
+    Rebuilt,
 }
 
 /// How a call ended.
@@ -348,7 +352,7 @@ impl Coordinator {
         }
         self.last_slow_ms = now_ms;
         let was = self.leader;
-        self.leader = self.leading == Leading::Allowed && self.hold_lease(store, now_ms);
+        self.leader = self.leading != Leading::Never && self.hold_lease(store, now_ms);
         if was != self.leader {
             report.leader = Some(self.leader);
         }

@@ -363,6 +363,27 @@ fn a_follower_built_late_does_not_hold_a_newer_configuration_back() {
 }
 
 #[test]
+fn a_leader_rebuilt_after_a_crash_leads_but_does_not_hold_a_newer_configuration_back() {
+    let store = MemoryStore::default();
+    let old = config("");
+    let new = format!("{old} ");
+    let mut n = vm(&new, 2, &store);
+    n.coord.announce(&store);
+    // The old configuration's leading pipeline is built again (a panic
+    // took it) after the new one started: it says nothing, so the new
+    // configuration takes the lease at once.
+    let mut again = vm_as(&old, 1, &store, Leading::Rebuilt);
+    again.coord.announce(&store);
+    assert_eq!(n.tick(&store, T0).leader, Some(true));
+    assert_ne!(again.tick(&store, T0 + 10).leader, Some(true));
+    // Alone, a rebuilt pipeline leads.
+    let store = MemoryStore::default();
+    let mut alone = vm_as(&old, 3, &store, Leading::Rebuilt);
+    alone.coord.announce(&store);
+    assert_eq!(alone.tick(&store, T0).leader, Some(true));
+}
+
+#[test]
 fn a_replaced_configuration_gives_the_lease_to_the_new_one_and_leaves_it_free_for_it() {
     let store = MemoryStore::default();
     let old = config("");
