@@ -73,8 +73,8 @@ impl Auto {
         // Counted up, and down by a growth (noise lets one through now and
         // then). Not within a window of a measurement that left the floor
         // at the lowest latency (a real queue held the limit), unless the
-        // limit has since fallen to half of the one given back then (no
-        // longer held by that queue: the upstream changed; its noise
+        // limit has since fallen to half of the one before it (no longer
+        // held by that queue: the upstream changed; its noise
         // starting, 12 slots of 20 ms becoming 20 to 45 ms, held the limit
         // at 3 for 3 to 4 s in Envoy); nor within a quarter window of one
         // that measured it (it may have come out low).
