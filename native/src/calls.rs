@@ -38,6 +38,19 @@ pub fn unframe(body: &[u8]) -> Option<&[u8]> {
     (flag == 0 && message.len() == len).then_some(message)
 }
 
+/// Calls a pipeline asked for where none is started (a worker's pipeline,
+/// which never leads; the answer to a call): said in the log. The core
+/// asks for calls only from the leader's tick, which starts them; a call
+/// asked for and never started would leave its key waiting for it.
+pub fn not_started(calls: &[Call], from: &str) {
+    if !calls.is_empty() {
+        log::warn!(
+            "sluice: {} call(s) asked for by {from} not started",
+            calls.len()
+        );
+    }
+}
+
 /// The request headers of a call.
 pub fn headers(c: &Call) -> Vec<(&'static str, String)> {
     vec![

@@ -219,6 +219,7 @@ impl Filter {
     /// wake-up of a worker would do, its 1 ms tick does while streams
     /// wait on it.
     fn carry_out(&self, w: &Worker, clock: &HookClock, out: Outcome) {
+        crate::calls::not_started(&out.calls, "a worker's pipeline");
         if out.effects.is_empty() && out.tick.is_none() && out.signals.is_empty() {
             return;
         }

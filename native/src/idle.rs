@@ -77,4 +77,5 @@ fn keep(st: &mut WorkerState, out: Outcome, now: u64) {
         }
     }
     st.deferred.extend(out.effects);
+    crate::calls::not_started(&out.calls, "a worker's pipeline");
 }

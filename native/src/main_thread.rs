@@ -207,6 +207,7 @@ impl MainThread {
             );
         }
         if !start_calls {
+            calls::not_started(&out.calls, "the answer to a call");
             return;
         }
         for c in out.calls {
@@ -226,6 +227,14 @@ impl MainThread {
                 self.carry_out(h, out, false);
             }
         }
+    }
+}
+
+/// Its scheduler goes with it, however it goes (a configuration refused
+/// halfway through `config_new` included): never committed after.
+impl Drop for MainThread {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -18,7 +18,7 @@
 
 use crate::abi::{self, ConfigSchedulerPtr, SchedulerPtr};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// The configuration scheduler's events (`on_http_filter_config_scheduled`).
@@ -85,8 +85,16 @@ fn ticker() -> &'static Ticker {
     })
 }
 
+/// The ticker's state, locked. Its lists stay whole whatever panicked
+/// while they were locked (each change is one insert or removal): the
+/// ticker goes on.
 fn state() -> Option<MutexGuard<'static, State>> {
-    ticker().state.lock().ok()
+    Some(
+        ticker()
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    )
 }
 
 fn now_ms() -> u64 {
@@ -256,20 +264,18 @@ fn commit_due(s: &mut State, now: u64) -> Option<u64> {
 /// The thread: commits what is due, then sleeps until the next thing is.
 fn run() {
     let t = ticker();
-    let Ok(mut s) = t.state.lock() else {
-        return;
-    };
+    let mut s = t.state.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
         let sleep = commit_due(&mut s, now_ms());
         s = match sleep {
-            None => match t.changed.wait(s) {
-                Ok(s) => s,
-                Err(_) => return,
-            },
-            Some(ms) => match t.changed.wait_timeout(s, Duration::from_millis(ms.max(1))) {
-                Ok((s, _)) => s,
-                Err(_) => return,
-            },
+            None => t.changed.wait(s).unwrap_or_else(PoisonError::into_inner),
+            Some(ms) => {
+                let d = Duration::from_millis(ms.max(1));
+                t.changed
+                    .wait_timeout(s, d)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
         };
     }
 }

@@ -133,6 +133,7 @@ def test_example_plugin_configs_load(path):
     assert ok, out[-3000:]
 
 
+@pytest.mark.wasm_only("the wasm module's exports (test_native.py checks the native build's imports)")
 def test_the_built_module_exports_no_unused_callbacks():
     """make build strips the callbacks sluice does not use (Envoy then skips
     those trips into the VM); the module must still export the ones it does."""

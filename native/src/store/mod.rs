@@ -27,7 +27,7 @@ use hashbrown::HashTable;
 use sluice::store::{get_slot_by_text, Entry, SlotKey, SmallEntry, Store, StoreError};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use value::Cell;
 
 /// Shards, each a map under its own lock.
@@ -222,7 +222,9 @@ impl ProcessStore {
         let i = (hash >> 32) as usize % SHARDS;
         let [first, ..] = &self.shards;
         let shard = self.shards.get(i).unwrap_or(first);
-        let guard = shard.lock().map_err(|_| StoreError::Unavailable)?;
+        // A panic while a shard was locked leaves every value whole (each
+        // write is one assignment): the shard stays in use.
+        let guard = shard.lock().unwrap_or_else(PoisonError::into_inner);
         Ok((hash, guard))
     }
 
@@ -255,14 +257,15 @@ impl ProcessStore {
         }
     }
 
-    /// Counts a new key, if there is room for it.
+    /// Counts a new key, if there is room for it (never past
+    /// [`MAX_KEYS`], however many workers add keys at once).
     fn admit_key(&self) -> Result<(), StoreError> {
-        let n = self.keys.load(Ordering::Relaxed) as usize;
-        if n >= MAX_KEYS {
-            return Err(StoreError::Unavailable);
-        }
-        self.keys.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        self.keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                ((n as usize) < MAX_KEYS).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| StoreError::Unavailable)
     }
 }
 
