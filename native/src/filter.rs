@@ -399,8 +399,7 @@ fn tick_if_due(
             ..Outcome::default()
         });
     }
-    let period = if st.tick_ms == 0 { 100 } else { st.tick_ms };
-    st.next_tick_ms = now_ms.saturating_add(period);
+    st.next_tick_ms = now_ms.saturating_add(st.period());
     let mut out = e.tick(m, clock);
     if !deferred.is_empty() {
         let mut effects = deferred;

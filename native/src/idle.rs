@@ -54,8 +54,7 @@ impl FilterConfig {
             if now < st.next_tick_ms {
                 return Some(st.next_tick_ms);
             }
-            let period = if st.tick_ms == 0 { SLOW_MS } else { st.tick_ms };
-            st.next_tick_ms = now + period;
+            st.next_tick_ms = now + st.period();
             let out = e.tick(sink, &crate::adapter::HookClock::default());
             // Carried out here, under the worker's lock: nothing of it
             // leaves the main thread's call.

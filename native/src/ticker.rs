@@ -17,6 +17,7 @@
 //! the thread sleeps while there is nothing to commit.
 
 use crate::abi::{self, ConfigSchedulerPtr, SchedulerPtr};
+use crate::main_thread::now_ms;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -95,10 +96,6 @@ fn state() -> Option<MutexGuard<'static, State>> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner),
     )
-}
-
-fn now_ms() -> u64 {
-    crate::adapter::now_ns() / 1_000_000
 }
 
 /// Stream `id` of `worker` waits: tick that worker through its scheduler.

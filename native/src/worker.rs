@@ -58,6 +58,15 @@ pub struct WorkerState {
 }
 
 impl WorkerState {
+    /// The tick period in force (ms): the one asked for, or the slow tick.
+    pub fn period(&self) -> u64 {
+        if self.tick_ms == 0 {
+            crate::main_thread::SLOW_MS
+        } else {
+            self.tick_ms
+        }
+    }
+
     /// The pipeline asked for the tick period `ms`: its next tick comes no
     /// later than that from `now` (ms).
     pub fn set_period(&mut self, ms: u64, now: u64) {
