@@ -14,8 +14,11 @@
 // one thread), each group's output printed when it ends; the status is
 // non-zero if any group's is.
 import { spawn } from "node:child_process";
+import { closeSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { readFile } from "node:fs/promises";
-import { argv, env, execPath, exit, stdout } from "node:process";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import process, { argv, env, execPath, exit } from "node:process";
 import { WASI } from "node:wasi";
 
 const [file, ...args] = argv.slice(2);
@@ -26,20 +29,35 @@ if (shards > 1 && args.every((a) => a.startsWith("-"))) {
   exit(await sharded(shards));
 }
 
-/** Runs this runner on `file` with `more` arguments: [status, output]. */
+/**
+ * Runs this runner on `file` with `more` arguments: [status, output]. The
+ * child writes to a file, not a pipe: WASI writes to its fd 1 as it is, and
+ * a pipe Node has made non-blocking fails a long write with EAGAIN
+ * ("io error when listing tests: WouldBlock") when the reader is slow.
+ */
 function run(more) {
   const { WASI_SHARDS, ...rest } = env;
-  const child = spawn(execPath, [...process.execArgv, argv[1], file, ...more], { env: rest });
-  let out = "";
-  child.stdout.on("data", (d) => (out += d));
-  child.stderr.on("data", (d) => (out += d));
-  return new Promise((done) => child.on("close", (code) => done([code ?? 1, out])));
+  const dir = mkdtempSync(join(tmpdir(), "wasi-runner-"));
+  const path = join(dir, "out");
+  const fd = openSync(path, "w");
+  const child = spawn(execPath, [...process.execArgv, argv[1], file, ...more], {
+    env: rest,
+    stdio: ["ignore", fd, fd],
+  });
+  closeSync(fd);
+  return new Promise((done) =>
+    child.on("close", (code) => {
+      const out = readFileSync(path, "utf8");
+      rmSync(dir, { recursive: true, force: true });
+      done([code ?? 1, out]);
+    }),
+  );
 }
 
 async function sharded(n) {
   const [listed, list] = await run(["--list", "--format", "terse"]);
   if (listed !== 0) {
-    stdout.write(list);
+    process.stdout.write(list);
     return listed;
   }
   const names = list.split("\n").filter((l) => l.endsWith(": test")).map((l) => l.slice(0, -": test".length));
@@ -52,7 +70,7 @@ async function sharded(n) {
   const worker = async () => {
     for (let g = groups.shift(); g; g = groups.shift()) {
       const [code, out] = await run([...args, "--exact", ...g]);
-      stdout.write(out);
+      process.stdout.write(out);
       status ||= code;
     }
   };
