@@ -20,6 +20,11 @@ use std::cell::Cell;
 pub use sluice::pipeline::{Call, Effect, Outcome, Signal, Verdict};
 pub use sluice::reply::Rejection;
 
+/// Milliseconds since the Unix epoch, from [`now_ns`].
+pub fn now_ms() -> u64 {
+    now_ns() / 1_000_000
+}
+
 /// Nanoseconds since the Unix epoch, from the system clock (0 before it),
 /// read directly: `SystemTime`'s checks cost ten times the read.
 pub fn now_ns() -> u64 {

@@ -51,7 +51,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     let next = guard("config tick", None, || Some(c.main_tick()));
     guard("config tick", (), || {
         if let Some(key) = c.main.key() {
-            let fallback = crate::main_thread::now_ms() + crate::main_thread::SLOW_MS;
+            let fallback = crate::adapter::now_ms() + crate::main_thread::SLOW_MS;
             ticker::main_ran(key, next.unwrap_or(fallback));
         }
     });

@@ -9,10 +9,11 @@
 //! to act on: what such a tick asks of streams (none while none waits) is
 //! left to the worker's next hook.
 
+use crate::adapter::now_ms;
 use crate::adapter::{Engine, Outcome, Role, Signal};
 use crate::config::{FilterConfig, Worker, WorkerState};
 use crate::config_metrics::ConfigSink;
-use crate::main_thread::{now_ms, Host, SLOW_MS};
+use crate::main_thread::{Host, SLOW_MS};
 use crate::ticker;
 
 impl Host for FilterConfig {

@@ -6,7 +6,7 @@
 //! the leader's queue; the calls' streams report on the same thread.
 
 use crate::abi::{self, ConfigEnvoyPtr, ConfigSchedulerPtr};
-use crate::adapter::{Engine, Outcome, Signal};
+use crate::adapter::{now_ms, Engine, Outcome, Signal};
 use crate::calls::{self, InFlight};
 use crate::config_metrics::ConfigSink;
 use crate::ticker;
@@ -14,10 +14,6 @@ use std::sync::{Mutex, MutexGuard};
 
 /// The slow tick (ms), the period unless a pipeline asks for another.
 pub const SLOW_MS: u64 = 100;
-
-pub fn now_ms() -> u64 {
-    crate::adapter::now_ns() / 1_000_000
-}
 
 /// What the main thread's pipeline needs of its configuration.
 pub trait Host {

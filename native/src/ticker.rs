@@ -17,7 +17,7 @@
 //! the thread sleeps while there is nothing to commit.
 
 use crate::abi::{self, ConfigSchedulerPtr, SchedulerPtr};
-use crate::main_thread::now_ms;
+use crate::adapter::now_ms;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
