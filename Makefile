@@ -368,5 +368,5 @@ bench-instructions: build build-native $(ENVOY) rls
 	@command -v valgrind >/dev/null || (apt-get update && apt-get install -y valgrind)
 	$(PY) bench/instructions.py $(BENCH_ARGS)
 	$(PY) bench/instructions.py wasm=$(WASM) native=$(NATIVE) --out instructions-native \
-	  --scenarios none,native,rl,all,refused,native_refused
+	  --scenarios none,native,rl,all,refused,native_refused,global
 	python3 bench/report.py

@@ -12,8 +12,7 @@ figure to compare builds and configurations with on a shared machine.
     python bench/instructions.py wasm=sluice.wasm native=libsluice_native.so   # the two hosts
 
 A build ending in `.so` is the native build (native/README.md), loaded as
-an Envoy dynamic module with the same configuration; it has no JIT code,
-and no global rules (the `global` scenario skips it).
+an Envoy dynamic module with the same configuration; it has no JIT code.
 
 For each scenario, a front Envoy (--concurrency 1) starts under callgrind
 with instrumentation off, answers WARMUP requests, then counts the
@@ -258,8 +257,6 @@ def main():
                     continue
                 sluice = kind.startswith("sluice")
                 for vname, wasm in (variants if sluice else [("-", None)]):
-                    if kind == "sluice_global" and provenance.is_native_build(wasm):
-                        continue
                     keep = args.keep and str(Path(args.keep) / f"{sid}-{vname}")
                     r = count(filters_for(kind, cfg, wasm), up, args.warmup, args.requests, tmp, keep,
                               expect_jit=sluice and not provenance.is_native_build(wasm), status=status,
