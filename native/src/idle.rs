@@ -9,8 +9,7 @@
 //! to act on: what such a tick asks of streams (none while none waits) is
 //! left to the worker's next hook.
 
-use crate::adapter::now_ms;
-use crate::adapter::{Engine, Outcome, Role, Signal};
+use crate::adapter::{now_ms, Engine, Outcome, Role, Signal};
 use crate::config::{FilterConfig, Worker, WorkerState};
 use crate::config_metrics::ConfigSink;
 use crate::main_thread::{Host, SLOW_MS};
