@@ -1,6 +1,6 @@
 //! The hooks as Envoy calls them, over the fake callbacks of `fake_envoy`.
 
-use crate::abi::{self, Buffer};
+use crate::abi::{self, Buffer, FilterPtr};
 use crate::fake_envoy::FakeStream;
 use crate::hooks::*;
 use std::ffi::c_void;
@@ -37,6 +37,65 @@ fn stream(cfg: *const c_void, worker: u32, headers: &[(&str, &str)]) -> (u32, Bo
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// A configuration of one concurrency slot whose waiters wait up to 10 s.
+fn one_slot(domain: &str) -> *const c_void {
+    config(&format!(
+        r#"{{"domain":"{domain}","concurrency_limits":[{{"name":"c","max":1,"max_wait":"10s"}}]}}"#
+    ))
+}
+
+/// Streams on worker 0 whose request headers went through the hooks in
+/// turn: under [`one_slot`], the first takes the slot and the others wait.
+struct Held {
+    /// Never grown once the pointers are taken: they stay valid.
+    fakes: Vec<FakeStream>,
+    envoys: Vec<FilterPtr>,
+    filters: Vec<*mut c_void>,
+}
+
+impl Held {
+    fn new(cfg: *const c_void, n: usize) -> Held {
+        let mut fakes: Vec<FakeStream> = (0..n).map(|_| FakeStream::default()).collect();
+        let envoys: Vec<_> = fakes.iter_mut().map(|s| s.ptr()).collect();
+        let filters: Vec<_> = envoys
+            .iter()
+            .map(|&e| envoy_dynamic_module_on_http_filter_new(cfg, e))
+            .collect();
+        let statuses: Vec<_> = envoys
+            .iter()
+            .zip(&filters)
+            .map(|(&e, &f)| envoy_dynamic_module_on_http_filter_request_headers(e, f, true))
+            .collect();
+        let mut expected = vec![abi::STOP_ITERATION; n];
+        expected[0] = abi::CONTINUE;
+        assert_eq!(statuses, expected);
+        Held {
+            fakes,
+            envoys,
+            filters,
+        }
+    }
+
+    /// Stream `i` completes (unless it already has) and is destroyed.
+    fn end(&self, i: usize, completed: bool) {
+        if !completed {
+            envoy_dynamic_module_on_http_filter_stream_complete(self.envoys[i], self.filters[i]);
+        }
+        envoy_dynamic_module_on_http_filter_destroy(self.filters[i]);
+    }
+}
+
+/// A panic inside worker 0's pipeline, as a bug in a stage would raise.
+fn panic_in_worker(cfg: *const c_void) {
+    // SAFETY: the pointer `config_new` made; the caller destroys it later.
+    let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
+    let w = c.worker(0).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.with(w, 0, |_, _| panic!("a bug"))
+    }));
+    assert!(panicked.is_err());
 }
 
 #[test]
@@ -108,38 +167,20 @@ fn a_worker_beyond_the_served_ones_passes() {
 
 #[test]
 fn a_held_request_is_resumed_on_its_worker_when_a_slot_frees() {
-    let cfg = config(
-        r#"{"domain":"unit-hold","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
-    );
-    let mut first = Box::new(FakeStream::default());
-    let mut second = Box::new(FakeStream::default());
-    let (e1, e2) = (first.ptr(), second.ptr());
-    let f1 = envoy_dynamic_module_on_http_filter_new(cfg, e1);
-    let f2 = envoy_dynamic_module_on_http_filter_new(cfg, e2);
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(e1, f1, true),
-        abi::CONTINUE
-    );
+    let cfg = one_slot("unit-hold");
+    let held = Held::new(cfg, 2);
     // The one slot is taken: the second waits.
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(e2, f2, true),
-        abi::STOP_ITERATION
-    );
-    assert_eq!(second.continued, 0);
+    assert_eq!(held.fakes[1].continued, 0);
     // The first ends: the second goes on.
-    envoy_dynamic_module_on_http_filter_stream_complete(e1, f1);
-    envoy_dynamic_module_on_http_filter_destroy(f1);
-    assert_eq!(second.continued, 1);
-    envoy_dynamic_module_on_http_filter_stream_complete(e2, f2);
-    envoy_dynamic_module_on_http_filter_destroy(f2);
+    held.end(0, false);
+    assert_eq!(held.fakes[1].continued, 1);
+    held.end(1, false);
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }
 
 #[test]
 fn a_stream_let_go_inside_its_own_request_hook_goes_on_from_it_and_leaves_the_ticker() {
-    let cfg = config(
-        r#"{"domain":"unit-reenter","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
-    );
+    let cfg = one_slot("unit-reenter");
     let mut h = Box::new(FakeStream {
         worker: 1,
         ..FakeStream::default()
@@ -187,42 +228,19 @@ fn a_stream_let_go_inside_its_own_request_hook_goes_on_from_it_and_leaves_the_ti
 
 #[test]
 fn after_a_panic_the_streams_its_pipeline_had_paused_go_on_and_a_new_pipeline_serves() {
-    let cfg = config(
-        r#"{"domain":"unit-panic","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
-    );
-    let mut first = Box::new(FakeStream::default());
-    let mut second = Box::new(FakeStream::default());
-    let (e1, e2) = (first.ptr(), second.ptr());
-    let f1 = envoy_dynamic_module_on_http_filter_new(cfg, e1);
-    let f2 = envoy_dynamic_module_on_http_filter_new(cfg, e2);
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(e1, f1, true),
-        abi::CONTINUE
-    );
-    assert_eq!(
-        envoy_dynamic_module_on_http_filter_request_headers(e2, f2, true),
-        abi::STOP_ITERATION
-    );
-    // A panic inside the worker's pipeline (as a bug in a stage would).
-    // SAFETY: the pointer `config_new` made, alive until destroyed below.
-    let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
-    let w = c.worker(0).unwrap();
-    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        c.with(w, 0, |_, _| panic!("a bug"))
-    }));
-    assert!(panicked.is_err());
-    assert_eq!(second.continued, 0);
+    let cfg = one_slot("unit-panic");
+    let held = Held::new(cfg, 2);
+    panic_in_worker(cfg);
+    assert_eq!(held.fakes[1].continued, 0);
     // The worker's next hook finds a new pipeline; the waiter, which no
     // pipeline knows any more, goes on (the default failure policy).
     let (status, _) = stream(cfg, 0, &[]);
-    assert_eq!(second.continued, 1);
+    assert_eq!(held.fakes[1].continued, 1);
     // What the lost pipeline held stays held (as a crashed wasm VM's):
     // the first stream's slot, in the store.
     assert_eq!(status, abi::STOP_ITERATION);
-    for (e, f) in [(e1, f1), (e2, f2)] {
-        envoy_dynamic_module_on_http_filter_stream_complete(e, f);
-        envoy_dynamic_module_on_http_filter_destroy(f);
-    }
+    held.end(0, false);
+    held.end(1, false);
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }
 
@@ -231,44 +249,22 @@ fn after_a_panic_the_streams_its_pipeline_had_paused_go_on_and_a_new_pipeline_se
 /// on, nor answered, from inside its end; the other waiters are.
 #[test]
 fn after_a_panic_a_paused_stream_ending_is_not_continued_from_its_own_end() {
-    let cfg = config(
-        r#"{"domain":"unit-panic-end","concurrency_limits":[{"name":"c","max":1,"max_wait":"10s"}]}"#,
-    );
-    let mut streams: Vec<Box<FakeStream>> = (0..3).map(|_| Box::default()).collect();
-    let envoys: Vec<_> = streams.iter_mut().map(|s| s.ptr()).collect();
-    let filters: Vec<_> = envoys
-        .iter()
-        .map(|&e| envoy_dynamic_module_on_http_filter_new(cfg, e))
-        .collect();
-    let statuses: Vec<_> = envoys
-        .iter()
-        .zip(&filters)
-        .map(|(&e, &f)| envoy_dynamic_module_on_http_filter_request_headers(e, f, true))
-        .collect();
-    assert_eq!(
-        statuses,
-        [abi::CONTINUE, abi::STOP_ITERATION, abi::STOP_ITERATION]
-    );
-    // SAFETY: the pointer `config_new` made, alive until destroyed below.
-    let c = unsafe { &*cfg.cast::<crate::config::FilterConfig>() };
-    let w = c.worker(0).unwrap();
-    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        c.with(w, 0, |_, _| panic!("a bug"))
-    }));
-    assert!(panicked.is_err());
+    let cfg = one_slot("unit-panic-end");
+    let held = Held::new(cfg, 3);
+    panic_in_worker(cfg);
     // The second waiter's stream ends first: it alone is left alone.
-    envoy_dynamic_module_on_http_filter_stream_complete(envoys[1], filters[1]);
-    assert_eq!(streams[1].continued, 0, "continued from inside its own end");
+    envoy_dynamic_module_on_http_filter_stream_complete(held.envoys[1], held.filters[1]);
+    assert_eq!(
+        held.fakes[1].continued, 0,
+        "continued from inside its own end"
+    );
     assert!(
-        streams[1].replies.is_empty(),
+        held.fakes[1].replies.is_empty(),
         "answered from inside its own end"
     );
-    assert_eq!(streams[2].continued, 1, "the other waiter goes on");
-    for (i, (&e, &f)) in envoys.iter().zip(&filters).enumerate() {
-        if i != 1 {
-            envoy_dynamic_module_on_http_filter_stream_complete(e, f);
-        }
-        envoy_dynamic_module_on_http_filter_destroy(f);
+    assert_eq!(held.fakes[2].continued, 1, "the other waiter goes on");
+    for i in 0..3 {
+        held.end(i, i == 1);
     }
     envoy_dynamic_module_on_http_filter_config_destroy(cfg);
 }
