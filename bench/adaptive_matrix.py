@@ -36,7 +36,9 @@ flight. From those samples, the longest stretch at the minimum with idle
 slots: from the first sample whose limit is at `adaptive.min` (sluice's
 default, 2; for native its `min_concurrency`, as context) while fewer
 requests than the capacity are in flight, to the first sample that is not
-(or the cell's end): within one sample interval of the truth.
+(or the cell's end): within one sample interval of the truth. Apart from
+the verdict, utilisation and admitted p99 from `WARM_S` after the start
+on: what each setup does once past its start.
 
 The verdict rule, fixed before the run (ROUNDS, RULE): per cell, the two
 setups alternate which goes first from round to round (and from cell to
@@ -84,6 +86,11 @@ ADAPTIVE_MIN = 2
 NATIVE_MIN = native_adaptive()["typed_config"]["gradient_controller_config"]["min_rtt_calc_params"]["min_concurrency"]
 UTIL_SLACK_PTS = 5
 AT_MIN_MAX_S = 1.0
+# Figures after each run's first second too, apart from the verdict: both
+# setups start from nothing (native measures its minRTT, sluice's limit
+# starts at `adaptive.initial` with CoDel yet to judge its queue), and in
+# a cell of 6 s that start weighs on the whole.
+WARM_S = 1.0
 # A run's start-up and stop (upstream, Envoy compiling the module, clients
 # finishing), for the expected duration printed first.
 OVERHEAD_S = 2
@@ -171,9 +178,10 @@ def longest_at(samples, floor, end):
 
 def run_phases(up, read, phases):
     """Runs the phases under load: returns when each phase started, the
-    upstream's snapshots at each phase change and at the end, and the
-    samples (t, limit, in flight, capacity)."""
-    starts, snaps, samples = [], [], []
+    upstream's snapshots at each phase change and at the end, the samples
+    (t, limit, in flight, capacity), and (time, snapshot, phase) of the
+    first sample `WARM_S` after the start."""
+    starts, snaps, samples, warm = [], [], [], None
     for secs, cap, svc in phases:
         up.control(svc)
         snaps.append(up.control(f"/__capacity?n={cap}"))
@@ -182,11 +190,14 @@ def run_phases(up, read, phases):
         k = 1
         while time.time() < start + secs:
             limit = read() if read else None
-            samples.append((time.time(), limit, up.stats()["busy"], cap))
+            stats = up.stats()
+            samples.append((time.time(), limit, stats["busy"], cap))
+            if warm is None and time.time() >= starts[0] + WARM_S:
+                warm = (time.time(), stats, len(starts) - 1)
             time.sleep(max(0.0, start + k * SAMPLE_S - time.time()))
             k += 1
     snaps.append(up.stats())
-    return starts, snaps, samples
+    return starts, snaps, samples, warm
 
 
 def run_one(label, flt, phases, starved):
@@ -199,7 +210,7 @@ def run_one(label, flt, phases, starved):
             spin = busy_loop(sum(p[0] for p in phases) + 30) if starved else contextlib.nullcontext()
             with spin as busy, Load(port, CLIENTS) as cl:
                 ticks, spun_before = cpu_ticks(), busy and cpu_s(busy.pid)
-                starts, snaps, samples = run_phases(up, read, phases)
+                starts, snaps, samples, warm = run_phases(up, read, phases)
                 stop, ticks_after, spun_after = time.time(), cpu_ticks(), busy and cpu_s(busy.pid)
     spun = None if None in (spun_before, spun_after) else spun_after - spun_before
     start = starts[0]
@@ -211,7 +222,19 @@ def run_one(label, flt, phases, starved):
     floor = NATIVE_MIN if label.startswith("native") else ADAPTIVE_MIN
     limits = [[v for t, v, _, _ in samples if a <= t < b and v is not None]
               for a, b in zip(starts, starts[1:] + [stop])]
+    warm_t, warm_snap, warm_phase = warm if warm else (None, None, None)
+    warm_ok = [r[1] for r in got if r[2] == 200 and warm_t is not None and r[0] >= warm_t]
+    warm_slot_ms = warm_busy = 0
+    if warm_t is not None:
+        # The busy slot-time from that sample on, over the capacity from
+        # then: the rest of its phase, and the later phases.
+        bounds = [warm_snap] + snaps[warm_phase + 1:]
+        warm_slot_ms = sum(c * (b["clock_ms"] - a["clock_ms"])
+                           for c, a, b in zip(caps[warm_phase:], bounds, bounds[1:]))
+        warm_busy = snaps[-1]["busy_slot_ms"] - warm_snap["busy_slot_ms"]
     return {"utilisation_pct": 100 * busy_ms / slot_ms if slot_ms > 0 else None,
+            "after_warm_utilisation_pct": 100 * warm_busy / warm_slot_ms if warm_slot_ms > 0 else None,
+            "after_warm_p99_ms": pct(warm_ok, 0.99),
             "phase_utilisation_pct": [utilisation(a, b, c) for c, a, b in zip(caps, snaps, snaps[1:])],
             "p50_ms": pct(ok, 0.5), "p99_ms": pct(ok, 0.99),
             "goodput_rps": len(ok) / (stop - start), "refused_rps": (len(got) - len(ok)) / (stop - start),
@@ -249,7 +272,8 @@ def judge(rounds):
     and the three goals' verdicts."""
     nat, our = [r["native"] for r in rounds], [r["sluice"] for r in rounds]
     side = lambda rows: dict({k: median_of(rows, k) for k in  # noqa: E731
-                              ("utilisation_pct", "p99_ms", "goodput_rps", "refused_rps")},
+                              ("utilisation_pct", "p99_ms", "goodput_rps", "refused_rps",
+                               "after_warm_utilisation_pct", "after_warm_p99_ms")},
                              at_min_s=max((r["at_min_s"] for r in rows if r["at_min_s"] is not None), default=None))
     n, o = side(nat), side(our)
     goals = []
@@ -290,7 +314,9 @@ def run_line(name, label, row):
 def cell_line(c):
     n, o = c["native"], c["sluice"]
     return (f"  {c['name']:<34} use {f1(n['utilisation_pct'])} / {f1(o['utilisation_pct'])}%, "
-            f"p99 {f0(n['p99_ms'])} / {f0(o['p99_ms'])} ms, sluice at min {f1(o['at_min_s'], ' s')}: "
+            f"p99 {f0(n['p99_ms'])} / {f0(o['p99_ms'])} ms (after {WARM_S:.0f} s: use "
+            f"{f1(n['after_warm_utilisation_pct'])} / {f1(o['after_warm_utilisation_pct'])}%, p99 "
+            f"{f0(n['after_warm_p99_ms'])} / {f0(o['after_warm_p99_ms'])} ms), sluice at min {f1(o['at_min_s'], ' s')}: "
             + "; ".join(f"({g['id']}) {g['goal']}: {g['verdict']}" for g in c["goals"]))
 
 
@@ -303,16 +329,22 @@ def write(out):
              f"`adaptive_concurrency` vs sluice `{out['sluice_config']}`, 2 Envoy workers, "
              f"{out['clients']} closed-loop clients, phases x {out['phase_scale']} of the script's.", "",
              provenance.markdown(rec), "", "Verdict rule (fixed before the run): " + out["rule"], "",
+             f"The last column, apart from the verdict: the same figures from {WARM_S:.0f} s after each run's "
+             "start to its end (both setups start from nothing: native first measures its minRTT; sluice's "
+             "limit starts at `adaptive.initial`, its queue filling before CoDel's first verdict).", "",
              "| cell | utilisation native / sluice % | admitted p99 native / sluice ms | goodput native / sluice /s "
              "| refused native / sluice /s | longest at min with idle slots: sluice (native at its min) s "
-             "| (a) utilisation | (b) p99 | (c) at min |", "|---|---|---|---|---|---|---|---|---|"]
+             "| (a) utilisation | (b) p99 | (c) at min | after the first second: utilisation, p99 native / sluice |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in out["cells"]:
         n, o = c["native"], c["sluice"]
         v = {g["id"]: g["verdict"] for g in c["goals"]}
         lines.append(f"| {c['name']} | {f1(n['utilisation_pct'])} / {f1(o['utilisation_pct'])} "
                      f"| {f0(n['p99_ms'])} / {f0(o['p99_ms'])} | {f0(n['goodput_rps'])} / {f0(o['goodput_rps'])} "
                      f"| {f0(n['refused_rps'])} / {f0(o['refused_rps'])} | {f1(o['at_min_s'])} ({f1(n['at_min_s'])}) "
-                     f"| {v.get('a', '-')} | {v.get('b', '-')} | {v.get('c', '-')} |")
+                     f"| {v.get('a', '-')} | {v.get('b', '-')} | {v.get('c', '-')} "
+                     f"| {f1(n.get('after_warm_utilisation_pct'))} / {f1(o.get('after_warm_utilisation_pct'))} %, "
+                     f"{f0(n.get('after_warm_p99_ms'))} / {f0(o.get('after_warm_p99_ms'))} ms |")
     lines += ["", "## Round by round", "",
               "| round | cell | first | utilisation by phase native / sluice % | p99 native / sluice ms "
               "| median limit by phase native / sluice | at min native / sluice s | steal native / sluice % |",
