@@ -176,6 +176,12 @@ def longest_at(samples, floor, end):
     return longest
 
 
+def slot_ms(caps, bounds):
+    """The capacity's slot-time (ms) over consecutive upstream snapshots:
+    `caps[i]` slots from `bounds[i]` to `bounds[i + 1]`."""
+    return sum(c * (b["clock_ms"] - a["clock_ms"]) for c, a, b in zip(caps, bounds, bounds[1:]))
+
+
 def run_phases(up, read, phases):
     """Runs the phases under load: returns when each phase started, the
     upstream's snapshots at each phase change and at the end, the samples
@@ -217,23 +223,21 @@ def run_one(label, flt, phases, starved):
     got = [r for r in cl.results if start <= r[0] < stop]
     ok = [r[1] for r in got if r[2] == 200]
     caps = [p[1] for p in phases]
-    slot_ms = sum(c * (b["clock_ms"] - a["clock_ms"]) for c, a, b in zip(caps, snaps, snaps[1:]))
+    cap_ms = slot_ms(caps, snaps)
     busy_ms = snaps[-1]["busy_slot_ms"] - snaps[0]["busy_slot_ms"]
     floor = NATIVE_MIN if label.startswith("native") else ADAPTIVE_MIN
     limits = [[v for t, v, _, _ in samples if a <= t < b and v is not None]
               for a, b in zip(starts, starts[1:] + [stop])]
     warm_t, warm_snap, warm_phase = warm if warm else (None, None, None)
-    warm_ok = [r[1] for r in got if r[2] == 200 and warm_t is not None and r[0] >= warm_t]
-    warm_slot_ms = warm_busy = 0
+    warm_ok, warm_cap_ms, warm_busy = [], 0, 0
     if warm_t is not None:
+        warm_ok = [r[1] for r in got if r[2] == 200 and r[0] >= warm_t]
         # The busy slot-time from that sample on, over the capacity from
         # then: the rest of its phase, and the later phases.
-        bounds = [warm_snap] + snaps[warm_phase + 1:]
-        warm_slot_ms = sum(c * (b["clock_ms"] - a["clock_ms"])
-                           for c, a, b in zip(caps[warm_phase:], bounds, bounds[1:]))
+        warm_cap_ms = slot_ms(caps[warm_phase:], [warm_snap] + snaps[warm_phase + 1:])
         warm_busy = snaps[-1]["busy_slot_ms"] - warm_snap["busy_slot_ms"]
-    return {"utilisation_pct": 100 * busy_ms / slot_ms if slot_ms > 0 else None,
-            "after_warm_utilisation_pct": 100 * warm_busy / warm_slot_ms if warm_slot_ms > 0 else None,
+    return {"utilisation_pct": 100 * busy_ms / cap_ms if cap_ms > 0 else None,
+            "after_warm_utilisation_pct": 100 * warm_busy / warm_cap_ms if warm_cap_ms > 0 else None,
             "after_warm_p99_ms": pct(warm_ok, 0.99),
             "phase_utilisation_pct": [utilisation(a, b, c) for c, a, b in zip(caps, snaps, snaps[1:])],
             "p50_ms": pct(ok, 0.5), "p99_ms": pct(ok, 0.99),
