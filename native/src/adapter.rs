@@ -2,13 +2,14 @@
 //! of their interface (the time the host passes in, say) is an edit here.
 //!
 //! Core APIs used: `wiring::{parse, pipeline, rebuilt, follower, shared_seed}`,
-//! `Pipeline::{start, request, resume, again, response, end, gone, tick,
-//! call_done, woken, close, is_empty, reason_header}`, `pipeline::{Env,
-//! Outcome, Effect, Verdict, Signal, Call}`, `telemetry::{Sink, MetricId,
-//! MetricDef}`, `store::Store`, `reply::Rejection`.
+//! `Pipeline::{start, request, handed_headers, resume, again, response,
+//! end, gone, tick, call_done, woken, close, is_empty, reason_header}`,
+//! `pipeline::{Env, Outcome, Effect, Verdict, Signal, Call}`,
+//! `telemetry::{Sink, MetricId, MetricDef}`, `store::Store`,
+//! `reply::Rejection`, `header::Headers`.
 
 use crate::store;
-use sluice::header::Headers;
+pub use sluice::header::Headers;
 use sluice::pipeline::stage::StreamId;
 use sluice::pipeline::telemetry::{MetricDef, MetricId, Sink};
 use sluice::pipeline::{Env, Pipeline};
@@ -185,6 +186,12 @@ impl Engine {
         with_env(m, clock, |env| {
             self.pipeline.request(env, StreamId(id), req)
         })
+    }
+
+    /// The response headers of the stream just decided, if the pipeline
+    /// keeps nothing of it (`Outcome::kept`).
+    pub fn handed_headers(&mut self) -> Headers {
+        self.pipeline.handed_headers()
     }
 
     /// A paused stream goes on (`again`: decided again by the stage that

@@ -7,7 +7,7 @@
 //! reply runs the response hooks, a resumed stream its later filters).
 
 use crate::abi::{self, FilterPtr};
-use crate::adapter::{Effect, Engine, HookClock, Outcome, Signal, Verdict};
+use crate::adapter::{Effect, Engine, Headers, HookClock, Outcome, Signal, Verdict};
 use crate::config::{FilterConfig, InHook, Worker, WorkerState};
 use crate::metrics::EnvoySink;
 use crate::reply;
@@ -47,7 +47,8 @@ pub fn boxed(f: Filter) -> Box<Place> {
 
 /// Drops the filter in `b` (its stream's end), and keeps the box.
 pub fn unboxed(mut b: Box<Place>) {
-    drop(b.take());
+    // Dropped in place (a `take` would move the filter out first).
+    *b = None;
     let _ = SPARE.try_with(move |s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             if s.len() < MAX_SPARE {
@@ -65,6 +66,13 @@ pub struct Filter {
     id: u32,
     /// The pipeline heard of the stream's end.
     ended: bool,
+    /// Whether the pipeline keeps anything of the stream (`Outcome::kept`;
+    /// until its request is decided, it may): if not, the response and the
+    /// end call nothing, and take no lock.
+    kept: bool,
+    /// Headers for the response, from the request's decision (set from
+    /// inside the worker's lock, where `self` is shared).
+    headers: Cell<Headers>,
     /// Made when the stream first waits (see `ticker`).
     scheduler: Cell<abi::SchedulerPtr>,
 }
@@ -83,6 +91,8 @@ impl Filter {
             worker,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             ended: false,
+            kept: true,
+            headers: Cell::default(),
             scheduler: Cell::new(std::ptr::null_mut()),
         }
     }
@@ -112,7 +122,8 @@ impl Filter {
     /// The request's headers: the pipeline's verdict, after the worker's
     /// tick if one is due.
     pub fn request_headers(&mut self) -> u32 {
-        let Some(w) = self.worker() else {
+        // Borrows the configuration only: `kept` is set below.
+        let Some(w) = self.worker.and_then(|i| self.config.worker(i)) else {
             return abi::CONTINUE;
         };
         let _hook = InHook::enter(w);
@@ -123,6 +134,9 @@ impl Filter {
         let decided = self.config.with(w, self.id, |e, st| {
             let ticked = tick_if_due(e, st, m, &clock);
             let (verdict, out) = e.request(m, &clock, id, &req);
+            if !out.kept {
+                self.headers.set(e.handed_headers());
+            }
             if verdict == Verdict::Pause {
                 // Paused and ticked together (the ticker ticks the worker
                 // while it waits), before any effect is carried out.
@@ -135,6 +149,7 @@ impl Filter {
         let Some((ticked, verdict, out)) = decided else {
             return abi::CONTINUE;
         };
+        self.kept = out.kept;
         if let Some(ticked) = ticked {
             self.carry_out(w, &clock, ticked);
         }
@@ -166,8 +181,21 @@ impl Filter {
     /// The response's headers: the stages holding something see them;
     /// their headers are added.
     pub fn response_headers(&mut self) -> u32 {
+        let mut headers = self.headers.take();
+        if self.kept {
+            headers.extend(self.pipeline_response());
+        }
+        for (name, value) in headers.iter() {
+            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, value.as_bytes());
+        }
+        abi::CONTINUE
+    }
+
+    /// The pipeline's part of the response (of a stream it keeps something
+    /// of): its stages see the response; returns the headers it kept.
+    fn pipeline_response(&self) -> Headers {
         let Some(w) = self.worker() else {
-            return abi::CONTINUE;
+            return Headers::new();
         };
         let _hook = InHook::enter(w);
         let resp = HostResponse(self.envoy);
@@ -178,19 +206,16 @@ impl Filter {
             .config
             .with(w, self.id, |e, _| e.response(m, &clock, id, &resp))
         else {
-            return abi::CONTINUE;
+            return Headers::new();
         };
         self.carry_out(w, &clock, out);
-        for (name, value) in headers.iter() {
-            views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, value.as_bytes());
-        }
-        abi::CONTINUE
+        headers
     }
 
     /// The stream ended, however it did (once; `stream_complete`, or the
     /// filter's destruction if Envoy skipped that).
     pub fn end(&mut self) {
-        if std::mem::replace(&mut self.ended, true) {
+        if std::mem::replace(&mut self.ended, true) || !self.kept {
             return;
         }
         let Some(w) = self.worker() else {

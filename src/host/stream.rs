@@ -3,6 +3,7 @@
 use super::plugin::Plugin;
 use super::reply;
 use super::views::{HostRequest, HostResponse};
+use crate::header::Headers;
 use crate::pipeline::{StreamId, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -10,10 +11,16 @@ use proxy_wasm::types::{Action, MapType};
 use std::rc::Rc;
 
 /// A stream's id and its configuration's plugin: the pipeline keeps
-/// whatever else it needs of the stream, by id.
+/// whatever else it needs of the stream, by id, and hands over the response
+/// headers of a stream it keeps nothing of.
 pub struct HttpStream {
     id: StreamId,
     plugin: Option<Rc<Plugin>>,
+    /// Whether the pipeline keeps anything of the stream (`Outcome::kept`;
+    /// until its request is decided, it may).
+    kept: bool,
+    /// Headers for the response, from the request's decision.
+    headers: Headers,
 }
 
 impl HttpStream {
@@ -23,6 +30,8 @@ impl HttpStream {
         HttpStream {
             id: StreamId(id),
             plugin,
+            kept: true,
+            headers: Headers::new(),
         }
     }
 }
@@ -35,7 +44,7 @@ impl Context for HttpStream {}
 /// exports, which saves two trips into the VM on every request.
 impl Drop for HttpStream {
     fn drop(&mut self) {
-        if let Some(plugin) = &self.plugin {
+        if let Some(plugin) = self.plugin.as_ref().filter(|_| self.kept) {
             let id = self.id;
             if let Some(out) = plugin.call(|p, env| p.end(env, id)) {
                 plugin.apply(out, Some(self.id));
@@ -51,9 +60,12 @@ impl HttpContext for HttpStream {
         };
         let req = HostRequest::default();
         let id = self.id;
-        let Some((verdict, out)) = plugin.call(|p, env| p.request(env, id, &req)) else {
+        let decided = plugin.call(|p, env| (p.request(env, id, &req), p.handed_headers()));
+        let Some(((verdict, out), headers)) = decided else {
             return Action::Continue;
         };
+        self.kept = out.kept;
+        self.headers = headers;
         plugin.apply(out, Some(self.id));
         match verdict {
             Verdict::Continue => Action::Continue,
@@ -70,11 +82,14 @@ impl HttpContext for HttpStream {
         let Some(plugin) = &self.plugin else {
             return Action::Continue;
         };
-        let id = self.id;
-        let Some((headers, out)) = plugin.call(|p, env| p.response(env, id, &HostResponse)) else {
-            return Action::Continue;
-        };
-        plugin.apply(out, Some(self.id));
+        let mut headers = std::mem::take(&mut self.headers);
+        if self.kept {
+            let id = self.id;
+            if let Some((kept, out)) = plugin.call(|p, env| p.response(env, id, &HostResponse)) {
+                plugin.apply(out, Some(self.id));
+                headers.extend(kept);
+            }
+        }
         // Appended, as Envoy's local_ratelimit does (a third cheaper than
         // replacing: no search for an existing header of the same name).
         for (name, value) in headers.iter() {

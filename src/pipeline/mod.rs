@@ -2,7 +2,8 @@
 //! end of its stream, as pure code. It runs the stages it is given in their
 //! order (`src/wiring/` says which and in which order) and owns the
 //! per-stream state, by stream id (which stages hold something for a
-//! stream; the host keeps none), the exactly-once release on every way a
+//! stream, which one paused it; the host keeps only the response headers
+//! of a stream it keeps nothing of), the exactly-once release on every way a
 //! stream ends, the streams' deadlines (`deadline.rs`), the one list of
 //! streams waiting on this worker (`wait.rs`), and the tick.
 //!
@@ -63,6 +64,12 @@ pub struct Outcome {
     /// on after a wait: every deadline header it carries, reduced by the
     /// wait (`deadlines.propagate`).
     pub request_headers: Vec<(String, String)>,
+    /// From `request` only: whether the pipeline keeps anything of the
+    /// stream (a stage holds something, it is paused, or its deadline is
+    /// kept). When it does not, `response` and `end` for that stream do
+    /// nothing, and the host may skip both calls; its response headers are
+    /// then the host's to keep (`Pipeline::handed_headers`).
+    pub kept: bool,
 }
 
 /// One configuration's pipeline, in one VM.
@@ -75,9 +82,12 @@ pub struct Pipeline {
     budgets: Option<Budgets>,
     /// The streams waiting on this worker, whichever stage paused them.
     waits: WaitList,
-    /// The streams it keeps something of (see [`StreamState`]), by id: the host
-    /// keeps none of the pipeline's state.
+    /// The streams it keeps something of (see [`StreamState`]), by id: a
+    /// stage holds something for them, or they are paused.
     streams: FastMap<StreamId, StreamState>,
+    /// The response headers of the last stream decided, if it is not kept
+    /// (see `handed_headers`).
+    handed: Headers,
     /// The metrics every stage defined.
     pub metrics: Registry,
 }
@@ -102,6 +112,7 @@ impl Pipeline {
             budgets,
             waits: WaitList::default(),
             streams: FastMap::default(),
+            handed: Headers::new(),
             metrics,
         }
     }
@@ -161,6 +172,7 @@ impl Pipeline {
                 calls,
                 signals,
                 request_headers: Vec::new(),
+                kept: false,
             },
         )
     }
@@ -196,11 +208,28 @@ impl Pipeline {
             b.arrive(id.0, req, now);
             now
         });
-        let r = self.with_cx_since(env, None, now, |stages, cx| {
+        let (verdict, mut out) = self.with_cx_since(env, None, now, |stages, cx| {
             run(stages, cx, &mut stream, req, 0)
         });
-        self.keep(stream);
-        r
+        // Its response headers go to the host unless the stream is kept
+        // anyway (see `Outcome::kept`).
+        let held = stream.holds != 0 || stream.paused_at.is_some();
+        out.kept = held || self.budgets.is_some();
+        if held {
+            self.streams.insert(id, stream);
+        } else {
+            self.handed = stream.response_headers;
+        }
+        (verdict, out)
+    }
+
+    /// Takes the response headers of the stream `request` just decided,
+    /// if the pipeline keeps none of its state (else empty: `response`
+    /// gives them): the host adds them to that stream's response. Taken
+    /// apart from `request`'s answer, which every call moves about, to
+    /// keep that small.
+    pub fn handed_headers(&mut self) -> Headers {
+        std::mem::take(&mut self.handed)
     }
 
     /// Forgets stream `id` if nothing of it is left to keep.

@@ -74,6 +74,10 @@ struct Sim {
     /// Pipelines (the last is the current configuration) and their metrics.
     pipelines: Vec<(Pipeline, Recorder)>,
     streams: Vec<(StreamId, Phase, usize)>,
+    /// `Outcome::kept` of each stream's request: a host skips the response
+    /// and end of a stream not kept (this one, for even streams; odd ones
+    /// are called, and must change nothing).
+    kept: Vec<bool>,
     requests: Vec<FakeRequest>,
     resumed: u32,
     shed_from_queue: u32,
@@ -86,6 +90,7 @@ impl Sim {
             now: Rc::new(Cell::new(T0)),
             pipelines: Vec::new(),
             streams: Vec::new(),
+            kept: Vec::new(),
             requests: Vec::new(),
             resumed: 0,
             shed_from_queue: 0,
@@ -208,10 +213,14 @@ impl Sim {
             .with_header("x-dep", b"db")
             .with_header("x-prio", prio.as_bytes());
         let st = StreamId(id);
-        let v = self.call(cur, |p, env| {
+        let (v, kept) = self.call(cur, |p, env| {
             let (v, out) = p.request(env, st, &req);
-            (v, out)
+            ((v, out.kept), out)
         });
+        assert!(
+            kept || !self.pipelines[cur].0.holds(st) && v != Verdict::Pause,
+            "stream {id}: not kept, yet held or paused"
+        );
         let phase = match v {
             Verdict::Continue => Phase::InFlight,
             Verdict::Pause => Phase::Paused,
@@ -224,25 +233,47 @@ impl Sim {
             }
         };
         self.streams.push((st, phase, cur));
+        self.kept.push(kept);
         self.requests.push(req);
     }
 
+    /// Whether the host skips the response and end of stream `id`.
+    fn skipped(&self, id: usize) -> bool {
+        !self.kept[id] && id % 2 == 0
+    }
+
     fn respond(&mut self, id: usize, status: u32) {
+        if self.skipped(id) {
+            return;
+        }
         let i = self.streams[id].2;
         let st = self.streams[id].0;
+        let kept = self.kept[id];
         self.call(i, |p, env| {
-            let (_, out) = p.response(env, st, &Response(status));
+            let (headers, out) = p.response(env, st, &Response(status));
+            // A stream not kept: its headers went to the host at once.
+            let idle = headers.is_empty() && out == Outcome::default();
+            assert!(kept || idle, "stream {id}: {out:?}");
             ((), out)
         });
     }
 
     fn end(&mut self, id: usize) {
+        self.streams[id].1 = Phase::Ended;
+        if self.skipped(id) {
+            return;
+        }
         let i = self.streams[id].2;
         let st = self.streams[id].0;
-        self.call(i, |p, env| ((), p.end(env, st)));
+        let kept = self.kept[id];
+        self.call(i, |p, env| {
+            let out = p.end(env, st);
+            // A stream not kept: its end changes nothing.
+            assert!(kept || out == Outcome::default(), "stream {id}: {out:?}");
+            ((), out)
+        });
         // A second end (a host calling twice) releases nothing more.
         self.call(i, |p, env| ((), p.end(env, st)));
-        self.streams[id].1 = Phase::Ended;
     }
 
     fn tick(&mut self) {
@@ -701,4 +732,54 @@ fn a_stream_answered_while_paused_still_ends_at_the_stage_that_paused_it() {
     assert_eq!(ended.get(), 2);
     p.end(&mut env, StreamId(7));
     assert_eq!(ended.get(), 2, "once");
+}
+
+/// A pipeline of `json` on its own store, and a call on it.
+fn alone(json: &str) -> (Pipeline, Recorder, MemoryStore) {
+    let config = parse(json.as_bytes()).expect("valid");
+    let p = crate::wiring::pipeline(&config, (1, 2), 7, Instant::from_ns(T0), 1).expect("builds");
+    let rec = Recorder::of(&p.metrics);
+    (p, rec, MemoryStore::default())
+}
+
+#[test]
+fn a_stream_nothing_is_kept_of_hands_its_response_headers_to_the_host() {
+    let rule = r#""rate_limits":[{"name":"r","bucket":{"rate":10,"period":"1s"}}],
+      "response":{"headers_on_allowed":true}"#;
+    let breaker = r#","circuit_breakers":[{"name":"b","key":{"header":"x-dep"}}]"#;
+    // (configuration, kept, headers handed to the host)
+    let cases = [
+        (format!("{{{rule}}}"), false, true),
+        // A breaker holds a ticket: the pipeline keeps the headers too.
+        (format!("{{{rule}{breaker}}}"), true, false),
+        // A deadline is kept for every stream; the headers still go.
+        (format!("{{{rule},\"deadlines\":{{}}}}"), true, true),
+    ];
+    let clock = || Instant::from_ns(T0);
+    let req = FakeRequest::new("GET", "/").with_header("x-dep", b"db");
+    for (json, kept, handed) in cases {
+        let (mut p, mut rec, store) = alone(&json);
+        let mut env = Env {
+            store: &store,
+            clock: &clock,
+            sink: &mut rec,
+        };
+        let (v, out) = p.request(&mut env, StreamId(1), &req);
+        let given = p.handed_headers();
+        assert_eq!(v, Verdict::Continue, "{json}");
+        assert_eq!(out.kept, kept, "{json}");
+        assert_eq!(!given.is_empty(), handed, "{json}");
+        assert!(p.handed_headers().is_empty(), "{json}: taken once");
+        let (later, _) = p.response(&mut env, StreamId(1), &Response(200));
+        // The headers come once: at the decision, or with the response.
+        assert_eq!(later.is_empty(), handed, "{json}");
+        let names = |h: &Headers| h.iter().map(|(n, _)| *n).collect::<Vec<_>>();
+        let all = if handed { &given } else { &later };
+        assert!(
+            names(all).contains(&"x-ratelimit-remaining"),
+            "{json}: {all:?}"
+        );
+        assert_eq!(p.end(&mut env, StreamId(1)), Outcome::default(), "{json}");
+        assert_eq!(p.streams_kept(), 0, "{json}");
+    }
 }
