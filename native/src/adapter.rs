@@ -188,9 +188,9 @@ impl Engine {
         })
     }
 
-    /// The response headers of the stream just decided, if the pipeline
-    /// keeps nothing of it (`Outcome::kept`).
-    pub fn handed_headers(&mut self) -> Headers {
+    /// The response headers of the stream just decided, unless a stage
+    /// holds it or it is paused (`Pipeline::handed_headers`).
+    pub fn handed_headers(&mut self) -> Option<Headers> {
         self.pipeline.handed_headers()
     }
 

@@ -47,8 +47,8 @@ pub fn boxed(f: Filter) -> Box<Place> {
 
 /// Drops the filter in `b` (its stream's end), and keeps the box.
 pub fn unboxed(mut b: Box<Place>) {
-    // Dropped in place (a `take` would move the filter out first).
-    *b = None;
+    // Taken out first: a hook Envoy runs while it is dropped finds none.
+    drop(b.take());
     let _ = SPARE.try_with(move |s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             if s.len() < MAX_SPARE {
@@ -64,15 +64,18 @@ pub struct Filter {
     /// The worker's index, if the stream calls the pipeline.
     worker: Option<u32>,
     id: u32,
+    // The fields a hook changes are cells: a hook may run inside another
+    // of the same stream (a local reply runs the response hook), and both
+    // reach the filter through shared references.
     /// The pipeline heard of the stream's end.
-    ended: bool,
+    ended: Cell<bool>,
     /// Whether the pipeline keeps anything of the stream (`Outcome::kept`;
     /// until its request is decided, it may): if not, the response and the
     /// end call nothing, and take no lock.
-    kept: bool,
-    /// Headers for the response, from the request's decision (set from
-    /// inside the worker's lock, where `self` is shared).
-    headers: Cell<Headers>,
+    kept: Cell<bool>,
+    /// Headers for the response, from the request's decision
+    /// (`Pipeline::handed_headers`).
+    headers: Cell<Option<Headers>>,
     /// Made when the stream first waits (see `ticker`).
     scheduler: Cell<abi::SchedulerPtr>,
 }
@@ -90,8 +93,8 @@ impl Filter {
             envoy,
             worker,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            ended: false,
-            kept: true,
+            ended: Cell::new(false),
+            kept: Cell::new(true),
             headers: Cell::default(),
             scheduler: Cell::new(std::ptr::null_mut()),
         }
@@ -121,9 +124,8 @@ impl Filter {
 
     /// The request's headers: the pipeline's verdict, after the worker's
     /// tick if one is due.
-    pub fn request_headers(&mut self) -> u32 {
-        // Borrows the configuration only: `kept` is set below.
-        let Some(w) = self.worker.and_then(|i| self.config.worker(i)) else {
+    pub fn request_headers(&self) -> u32 {
+        let Some(w) = self.worker() else {
             return abi::CONTINUE;
         };
         let _hook = InHook::enter(w);
@@ -134,8 +136,11 @@ impl Filter {
         let decided = self.config.with(w, self.id, |e, st| {
             let ticked = tick_if_due(e, st, m, &clock);
             let (verdict, out) = e.request(m, &clock, id, &req);
-            if !out.kept {
-                self.headers.set(e.handed_headers());
+            // Set before any call into Envoy, which may run this stream's
+            // response hook (a local reply).
+            self.kept.set(out.kept);
+            if let Some(headers) = e.handed_headers() {
+                self.headers.set(Some(headers));
             }
             if verdict == Verdict::Pause {
                 // Paused and ticked together (the ticker ticks the worker
@@ -149,7 +154,6 @@ impl Filter {
         let Some((ticked, verdict, out)) = decided else {
             return abi::CONTINUE;
         };
-        self.kept = out.kept;
         if let Some(ticked) = ticked {
             self.carry_out(w, &clock, ticked);
         }
@@ -180,11 +184,19 @@ impl Filter {
 
     /// The response's headers: the stages holding something see them;
     /// their headers are added.
-    pub fn response_headers(&mut self) -> u32 {
+    pub fn response_headers(&self) -> u32 {
+        // The headers come from the decision or from the pipeline, never both.
         let mut headers = self.headers.take();
-        if self.kept {
-            headers.extend(self.pipeline_response());
+        if self.kept.get() {
+            let kept = self.pipeline_response();
+            match &mut headers {
+                Some(h) => h.extend(kept),
+                None => headers = Some(kept),
+            }
         }
+        let Some(headers) = headers else {
+            return abi::CONTINUE;
+        };
         for (name, value) in headers.iter() {
             views::add_header(self.envoy, abi::RESPONSE_HEADERS, name, value.as_bytes());
         }
@@ -214,8 +226,8 @@ impl Filter {
 
     /// The stream ended, however it did (once; `stream_complete`, or the
     /// filter's destruction if Envoy skipped that).
-    pub fn end(&mut self) {
-        if std::mem::replace(&mut self.ended, true) || !self.kept {
+    pub fn end(&self) {
+        if self.ended.replace(true) || !self.kept.get() {
             return;
         }
         let Some(w) = self.worker() else {
@@ -360,7 +372,7 @@ impl Filter {
     }
 
     /// The ticker's event, on this stream's worker: the worker's tick.
-    pub fn scheduled(&mut self) {
+    pub fn scheduled(&self) {
         let Some(w) = self.worker() else {
             return;
         };

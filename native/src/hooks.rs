@@ -29,10 +29,12 @@ pub fn guard<R>(what: &str, fallback: R, f: impl FnOnce() -> R) -> R {
 /// # Safety
 /// `ptr` is null or a pointer `on_http_filter_new` returned and
 /// `on_http_filter_destroy` did not take back; Envoy calls a stream's
-/// hooks on one thread, one at a time.
-unsafe fn filter<'a>(ptr: *mut c_void) -> Option<&'a mut Filter> {
+/// hooks on one thread. A hook may run inside another of the same stream
+/// (a local reply runs the response hook): the filter is shared, never
+/// borrowed mutably, and what a hook changes is in cells.
+unsafe fn filter<'a>(ptr: *mut c_void) -> Option<&'a Filter> {
     // SAFETY: the caller's promise.
-    unsafe { ptr.cast::<Place>().as_mut() }?.as_mut()
+    unsafe { ptr.cast::<Place>().as_ref() }?.as_ref()
 }
 
 #[no_mangle]

@@ -140,6 +140,32 @@ fn a_bucket_is_shared_by_every_worker_and_refusals_carry_the_headers() {
 }
 
 #[test]
+fn an_admitted_requests_headers_reach_its_response_whatever_the_pipeline_keeps() {
+    let rule = r#""rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":3}}],
+        "response":{"headers_on_allowed":true}"#;
+    // Nothing kept; a deadline kept (the headers still come at once); a
+    // breaker holding the stream (they come with its response).
+    for (i, extra) in [
+        "",
+        r#","deadlines":{}"#,
+        r#","circuit_breakers":[{"name":"b"}]"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = config(&format!(r#"{{"domain":"unit-kept-{i}",{rule}{extra}}}"#));
+        let (status, s) = stream(cfg, 0, &[("x-envoy-expected-rq-timeout-ms", "5000")]);
+        assert_eq!(status, abi::CONTINUE, "{extra}");
+        assert_eq!(
+            header(&s.response, "x-ratelimit-remaining"),
+            Some("2"),
+            "{extra}"
+        );
+        envoy_dynamic_module_on_http_filter_config_destroy(cfg);
+    }
+}
+
+#[test]
 fn a_grpc_refusal_has_an_explicit_grpc_status() {
     let cfg = config(
         r#"{"domain":"unit-grpc","rate_limits":[{"name":"g","bucket":{"rate":1,"period":"1h","burst":1}}]}"#,

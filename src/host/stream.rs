@@ -12,7 +12,7 @@ use std::rc::Rc;
 
 /// A stream's id and its configuration's plugin: the pipeline keeps
 /// whatever else it needs of the stream, by id, and hands over the response
-/// headers of a stream it keeps nothing of.
+/// headers of a stream no stage holds.
 pub struct HttpStream {
     id: StreamId,
     plugin: Option<Rc<Plugin>>,
@@ -65,7 +65,9 @@ impl HttpContext for HttpStream {
             return Action::Continue;
         };
         self.kept = out.kept;
-        self.headers = headers;
+        if let Some(headers) = headers {
+            self.headers = headers;
+        }
         plugin.apply(out, Some(self.id));
         match verdict {
             Verdict::Continue => Action::Continue,
@@ -82,12 +84,17 @@ impl HttpContext for HttpStream {
         let Some(plugin) = &self.plugin else {
             return Action::Continue;
         };
+        // The headers come from the decision or from the pipeline, never both.
         let mut headers = std::mem::take(&mut self.headers);
         if self.kept {
             let id = self.id;
             if let Some((kept, out)) = plugin.call(|p, env| p.response(env, id, &HostResponse)) {
                 plugin.apply(out, Some(self.id));
-                headers.extend(kept);
+                if headers.is_empty() {
+                    headers = kept;
+                } else {
+                    headers.extend(kept);
+                }
             }
         }
         // Appended, as Envoy's local_ratelimit does (a third cheaper than

@@ -3,7 +3,7 @@
 //! order (`src/wiring/` says which and in which order) and owns the
 //! per-stream state, by stream id (which stages hold something for a
 //! stream, which one paused it; the host keeps only the response headers
-//! of a stream it keeps nothing of), the exactly-once release on every way a
+//! of a stream no stage holds), the exactly-once release on every way a
 //! stream ends, the streams' deadlines (`deadline.rs`), the one list of
 //! streams waiting on this worker (`wait.rs`), and the tick.
 //!
@@ -65,10 +65,9 @@ pub struct Outcome {
     /// wait (`deadlines.propagate`).
     pub request_headers: Vec<(String, String)>,
     /// From `request` only: whether the pipeline keeps anything of the
-    /// stream (a stage holds something, it is paused, or its deadline is
-    /// kept). When it does not, `response` and `end` for that stream do
-    /// nothing, and the host may skip both calls; its response headers are
-    /// then the host's to keep (`Pipeline::handed_headers`).
+    /// stream (a stage holds something, it is paused, or a `deadlines`
+    /// section keeps its budget). When it does not, `response` and `end`
+    /// for that stream do nothing, and the host may skip both calls.
     pub kept: bool,
 }
 
@@ -83,10 +82,11 @@ pub struct Pipeline {
     /// The streams waiting on this worker, whichever stage paused them.
     waits: WaitList,
     /// The streams it keeps something of (see [`StreamState`]), by id: a
-    /// stage holds something for them, or they are paused.
+    /// stage holds something for them or they are paused (and, after a
+    /// wait, their response headers).
     streams: FastMap<StreamId, StreamState>,
-    /// The response headers of the last stream decided, if it is not kept
-    /// (see `handed_headers`).
+    /// The response headers of the last stream decided, if no stage holds
+    /// it and it is not paused (see `handed_headers`).
     handed: Headers,
     /// The metrics every stage defined.
     pub metrics: Registry,
@@ -211,12 +211,16 @@ impl Pipeline {
         let (verdict, mut out) = self.with_cx_since(env, None, now, |stages, cx| {
             run(stages, cx, &mut stream, req, 0)
         });
-        // Its response headers go to the host unless the stream is kept
-        // anyway (see `Outcome::kept`).
+        // Its response headers go to the host unless a stage holds it or it
+        // is paused: then the stream is kept, and so are they.
         let held = stream.holds != 0 || stream.paused_at.is_some();
         out.kept = held || self.budgets.is_some();
         if held {
             self.streams.insert(id, stream);
+            if !self.handed.is_empty() {
+                // An earlier stream's, never taken: not this one's.
+                self.handed = Headers::new();
+            }
         } else {
             self.handed = stream.response_headers;
         }
@@ -224,12 +228,16 @@ impl Pipeline {
     }
 
     /// Takes the response headers of the stream `request` just decided,
-    /// if the pipeline keeps none of its state (else empty: `response`
-    /// gives them): the host adds them to that stream's response. Taken
-    /// apart from `request`'s answer, which every call moves about, to
-    /// keep that small.
-    pub fn handed_headers(&mut self) -> Headers {
-        std::mem::take(&mut self.handed)
+    /// unless a stage holds it or it is paused (then none: `response`
+    /// gives them): the host adds them to that stream's response. The host
+    /// takes them after every `request`, whatever `Outcome::kept` says (a
+    /// stream whose deadline is kept hands them over too). Apart from
+    /// `request`'s answer, which every call moves about, to keep that small.
+    pub fn handed_headers(&mut self) -> Option<Headers> {
+        if self.handed.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.handed))
     }
 
     /// Forgets stream `id` if nothing of it is left to keep.

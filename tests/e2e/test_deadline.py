@@ -4,6 +4,7 @@ a queued request never waits past its deadline; and one that waited goes
 upstream with its deadline reduced by the wait, as the upstream sees it."""
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -226,3 +227,29 @@ def test_every_deadline_header_a_request_carries_is_reduced_by_its_wait():
         # Both were reduced by the same wait (read within a millisecond).
         assert abs(int(millis) - int(grpc[:-1])) <= 1, got
         c.close()
+
+
+def test_an_admitted_request_carries_its_rate_limit_headers_beside_deadlines():
+    """With a `deadlines` section the pipeline keeps every stream's budget,
+    whether or not the request sent a deadline; the rate-limit headers of an
+    admitted request still reach its response, once, on every worker."""
+    cfg = {"deadlines": {"min_remaining": "10ms"},
+           "rate_limits": [{"name": "r", "bucket": {"rate": 1, "period": "1h", "burst": 20}}],
+           "response": {"headers_on_allowed": True}}
+    with Stack(cfg) as s:
+        left = []
+        for i in range(8):
+            h = {"x-envoy-expected-rq-timeout-ms": "5000"} if i % 2 else {}
+            # A connection each, read raw: both workers serve, and a header
+            # sent twice would show.
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+                c.sendall(http1.build("/", dict(h, connection="close")))
+                raw = b""
+                while chunk := c.recv(65536):
+                    raw += chunk
+            head = raw.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower().split("\r\n")
+            assert head[0].split(" ")[1] == "200", head
+            values = [line.split(":", 1)[1].strip() for line in head if line.startswith("x-ratelimit-remaining:")]
+            assert len(values) == 1 and "x-ratelimit-limit: 20" in head, head
+            left.append(int(values[0]))
+        assert sorted(left, reverse=True) == list(range(19, 11, -1)), left
