@@ -80,6 +80,11 @@ pub struct Des {
     stalled_until: Vec<u64>,
     missed: Vec<bool>,
     deferred: Vec<(u64, usize)>,
+    /// Workers merge on the next millisecond once they found the limit in
+    /// full use with samples to merge (`Shedders::merge_soon`), as in
+    /// Envoy; otherwise on their own tick.
+    pub merge_soon: bool,
+    full: Vec<bool>,
 }
 
 impl Des {
@@ -116,6 +121,8 @@ impl Des {
             stalled_until: vec![0; ticks.len()],
             missed: vec![false; ticks.len()],
             deferred: Vec::new(),
+            merge_soon: false,
+            full: vec![false; ticks.len()],
         }
     }
 
@@ -190,7 +197,8 @@ impl Des {
             self.stalls(now_ms);
             self.admit();
             for w in 0..self.ticks.len() {
-                let due = now_ms % self.ticks[w] == 0 || self.missed[w];
+                let soon = self.merge_soon && self.full[w] && self.samples[w].count > 0;
+                let due = now_ms % self.ticks[w] == 0 || self.missed[w] || soon;
                 self.missed[w] = due && self.stalled(w, now_ms);
                 if due && !self.missed[w] {
                     let s = Samples {
@@ -198,6 +206,7 @@ impl Des {
                         ..std::mem::take(&mut self.samples[w])
                     };
                     self.merged[w] = now_ms;
+                    self.full[w] = false;
                     self.auto = self.auto.merge(&self.spec, &s, now_ms);
                     self.limits[w] = self.auto.limit();
                 }
@@ -287,6 +296,8 @@ impl Des {
                     self.queue.push_back((self.now_us, w));
                 }
             }
+            // It found the limit in full use (demand always exceeds it).
+            self.full[w] = true;
         }
     }
 
