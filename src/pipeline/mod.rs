@@ -65,9 +65,9 @@ pub struct Outcome {
     /// wait (`deadlines.propagate`).
     pub request_headers: Vec<(String, String)>,
     /// From `request` only: whether the pipeline keeps anything of the
-    /// stream (a stage holds something, it is paused, or a `deadlines`
-    /// section keeps its budget). When it does not, `response` and `end`
-    /// for that stream do nothing, and the host may skip both calls.
+    /// stream (a stage holds something, or it is paused; its deadline is
+    /// kept only then). When it does not, `response` and `end` for that
+    /// stream do nothing, and the host may skip both calls.
     pub kept: bool,
 }
 
@@ -202,7 +202,8 @@ impl Pipeline {
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
         let mut stream = StreamState::new(id);
-        // The deadline is read once, on arrival, and kept for the stream.
+        // The deadline is read once, on arrival, and kept while the stream
+        // is (below).
         let now = self.budgets.as_mut().map(|b| {
             let now = (env.clock)();
             b.arrive(id.0, req, now);
@@ -212,9 +213,15 @@ impl Pipeline {
             run(stages, cx, &mut stream, req, 0)
         });
         // Its response headers go to the host unless a stage holds it or it
-        // is paused: then the stream is kept, and so are they.
+        // is paused: then the stream is kept, and so are they. Its deadline
+        // is kept only for a wait: a stream not kept needs it no more.
         let held = stream.holds != 0 || stream.paused_at.is_some();
-        out.kept = held || self.budgets.is_some();
+        out.kept = held;
+        if !held {
+            if let Some(b) = &mut self.budgets {
+                b.end(id.0);
+            }
+        }
         if held {
             self.streams.insert(id, stream);
             if !self.handed.is_empty() {
@@ -230,8 +237,8 @@ impl Pipeline {
     /// Takes the response headers of the stream `request` just decided,
     /// unless a stage holds it or it is paused (then none: `response`
     /// gives them): the host adds them to that stream's response. The host
-    /// takes them after every `request`, whatever `Outcome::kept` says (a
-    /// stream whose deadline is kept hands them over too). Apart from
+    /// takes them after every `request`, whatever `Outcome::kept` says.
+    /// Apart from
     /// `request`'s answer, which every call moves about, to keep that small.
     pub fn handed_headers(&mut self) -> Option<Headers> {
         if self.handed.is_empty() {

@@ -752,11 +752,18 @@ fn a_stream_nothing_is_kept_of_hands_its_response_headers_to_the_host() {
         (format!("{{{rule}}}"), false, true),
         // A breaker holds a ticket: the pipeline keeps the headers too.
         (format!("{{{rule}{breaker}}}"), true, false),
-        // A deadline is kept for every stream; the headers still go.
-        (format!("{{{rule},\"deadlines\":{{}}}}"), true, true),
+        // A deadline is kept only for a stream kept: one that may wait.
+        (format!("{{{rule},\"deadlines\":{{}}}}"), false, true),
+        (
+            format!("{{{rule}{breaker},\"deadlines\":{{}}}}"),
+            true,
+            false,
+        ),
     ];
     let clock = || Instant::from_ns(T0);
-    let req = FakeRequest::new("GET", "/").with_header("x-dep", b"db");
+    let req = FakeRequest::new("GET", "/")
+        .with_header("x-dep", b"db")
+        .with_header("x-envoy-expected-rq-timeout-ms", b"5000");
     for (json, kept, handed) in cases {
         let (mut p, mut rec, store) = alone(&json);
         let mut env = Env {
@@ -768,6 +775,9 @@ fn a_stream_nothing_is_kept_of_hands_its_response_headers_to_the_host() {
         let given = p.handed_headers().unwrap_or_default();
         assert_eq!(v, Verdict::Continue, "{json}");
         assert_eq!(out.kept, kept, "{json}");
+        // Nothing is left of a stream not kept, whether or not the host
+        // calls its response and end.
+        assert_eq!(p.streams_kept() > 0, kept, "{json}");
         assert_eq!(!given.is_empty(), handed, "{json}");
         assert!(p.handed_headers().is_none(), "{json}: taken once");
         let (later, _) = p.response(&mut env, StreamId(1), &Response(200));
