@@ -202,8 +202,8 @@ impl Pipeline {
         req: &dyn RequestView,
     ) -> (Verdict, Outcome) {
         let mut stream = StreamState::new(id);
-        // The deadline is read once, on arrival, and kept while the stream
-        // is (below).
+        // The deadline is read once, on arrival; it is kept only while the
+        // stream is (below).
         let now = self.budgets.as_mut().map(|b| {
             let now = (env.clock)();
             b.arrive(id.0, req, now);
@@ -238,8 +238,8 @@ impl Pipeline {
     /// unless a stage holds it or it is paused (then none: `response`
     /// gives them): the host adds them to that stream's response. The host
     /// takes them after every `request`, whatever `Outcome::kept` says.
-    /// Apart from
-    /// `request`'s answer, which every call moves about, to keep that small.
+    /// Apart from `request`'s answer, which every call moves about, to keep
+    /// that small.
     pub fn handed_headers(&mut self) -> Option<Headers> {
         if self.handed.is_empty() {
             return None;
