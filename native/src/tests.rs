@@ -143,8 +143,8 @@ fn a_bucket_is_shared_by_every_worker_and_refusals_carry_the_headers() {
 fn an_admitted_requests_headers_reach_its_response_whatever_the_pipeline_keeps() {
     let rule = r#""rate_limits":[{"name":"r","bucket":{"rate":1,"period":"1h","burst":3}}],
         "response":{"headers_on_allowed":true}"#;
-    // Nothing kept; a deadline kept (the headers still come at once); a
-    // breaker holding the stream (they come with its response).
+    // Nothing kept, with or without a deadline (the headers come at once);
+    // a breaker holding the stream (they come with its response).
     for (i, extra) in [
         "",
         r#","deadlines":{}"#,

@@ -217,11 +217,6 @@ impl Pipeline {
         // is kept only for a wait: a stream not kept needs it no more.
         let held = stream.holds != 0 || stream.paused_at.is_some();
         out.kept = held;
-        if !held {
-            if let Some(b) = &mut self.budgets {
-                b.end(id.0);
-            }
-        }
         if held {
             self.streams.insert(id, stream);
             if !self.handed.is_empty() {
@@ -229,6 +224,9 @@ impl Pipeline {
                 self.handed = Headers::new();
             }
         } else {
+            if let Some(b) = &mut self.budgets {
+                b.end(id.0);
+            }
             self.handed = stream.response_headers;
         }
         (verdict, out)

@@ -752,7 +752,7 @@ fn a_stream_nothing_is_kept_of_hands_its_response_headers_to_the_host() {
         (format!("{{{rule}}}"), false, true),
         // A breaker holds a ticket: the pipeline keeps the headers too.
         (format!("{{{rule}{breaker}}}"), true, false),
-        // A deadline is kept only for a stream kept: one that may wait.
+        // A deadline is kept only for a stream a stage holds or paused.
         (format!("{{{rule},\"deadlines\":{{}}}}"), false, true),
         (
             format!("{{{rule}{breaker},\"deadlines\":{{}}}}"),

@@ -230,9 +230,9 @@ def test_every_deadline_header_a_request_carries_is_reduced_by_its_wait():
 
 
 def test_an_admitted_request_carries_its_rate_limit_headers_beside_deadlines():
-    """With a `deadlines` section the pipeline keeps every stream's budget,
-    whether or not the request sent a deadline; the rate-limit headers of an
-    admitted request still reach its response, once, on every worker."""
+    """With a `deadlines` section, whether or not the request sent a
+    deadline, the rate-limit headers of an admitted request reach its
+    response, once, on every worker."""
     cfg = {"deadlines": {"min_remaining": "10ms"},
            "rate_limits": [{"name": "r", "bucket": {"rate": 1, "period": "1h", "burst": 20}}],
            "response": {"headers_on_allowed": True}}
