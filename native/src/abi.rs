@@ -135,6 +135,7 @@ pub const CONTINUE: u32 = 0;
 pub const STOP_ITERATION: u32 = 1;
 
 /// `envoy_dynamic_module_type_attribute_id`.
+pub const ATTR_RESPONSE_CODE: u32 = 15;
 pub const ATTR_RESPONSE_CODE_DETAILS: u32 = 16;
 pub const ATTR_SOURCE_ADDRESS: u32 = 24;
 pub const ATTR_XDS_CLUSTER_NAME: u32 = 57;
@@ -184,6 +185,11 @@ extern "C" {
         filter: FilterPtr,
         attribute: u32,
         result: *mut Buffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+        filter: FilterPtr,
+        attribute: u32,
+        result: *mut u64,
     ) -> bool;
     pub fn envoy_dynamic_module_callback_http_filter_get_worker_index(filter: FilterPtr) -> u32;
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterPtr);

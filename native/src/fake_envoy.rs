@@ -130,6 +130,24 @@ pub unsafe fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
     false
 }
 
+/// The response code, as Envoy's stream info has it once response
+/// headers are there: the `:status` a test gave the response.
+pub unsafe fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+    f: FilterPtr,
+    attribute: u32,
+    result: *mut u64,
+) -> bool {
+    let s = unsafe { stream(f) };
+    let code = s.response.iter().find(|(k, _)| k == ":status");
+    match code.and_then(|(_, v)| v.parse().ok()) {
+        Some(c) if attribute == crate::abi::ATTR_RESPONSE_CODE => {
+            unsafe { *result = c };
+            true
+        }
+        _ => false,
+    }
+}
+
 pub unsafe fn envoy_dynamic_module_callback_http_filter_get_worker_index(f: FilterPtr) -> u32 {
     unsafe { stream(f) }.worker
 }
