@@ -63,3 +63,17 @@ pub fn decode(bytes: &[u8]) -> Result<State, Corrupt> {
     }
     Ok(s)
 }
+
+/// Encodes a breaker's count of keys not closed (its `open` record): the
+/// count (8 bytes, little-endian) and the check.
+pub fn encode_count(n: u64) -> Vec<u8> {
+    let mut out = n.to_le_bytes().to_vec();
+    let c = check(&out);
+    out.extend_from_slice(&c.to_le_bytes());
+    out
+}
+
+/// Decodes bytes written by `encode_count`.
+pub fn decode_count(bytes: &[u8]) -> Result<u64, Corrupt> {
+    Reader(checked_body(bytes, 8)?).u64()
+}

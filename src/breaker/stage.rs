@@ -53,8 +53,9 @@ pub const METRICS: &[Declared] = &[
 /// Metric ids of one breaker (labels `domain`, `breaker`).
 #[derive(Default, Clone, Copy)]
 struct OneBreaker {
-    /// Keys not closed (open or half-open), summed over every VM: +1 when
-    /// one opens, -1 when one closes, whichever VM sees it.
+    /// Keys not closed (open or half-open): the breaker's count in the
+    /// store (+1 when one opens, -1 when one closes, by the VM that sees
+    /// it), set at each transition and on the tick once a second.
     open_keys: MetricId,
     opened: MetricId,
     half_opened: MetricId,
@@ -78,6 +79,8 @@ pub struct BreakerStage {
     tickets: FastMap<StreamId, (Option<u64>, Tickets)>,
     /// Whether any breaker counts slow calls (the tick then looks for them).
     slow_calls: bool,
+    /// When the tick next sets the open-keys gauges from the store (ms).
+    gauges_due_ms: u64,
 }
 
 /// The stage, if the configuration has breakers.
@@ -127,6 +130,7 @@ pub fn build(
         ),
         tickets: FastMap::default(),
         slow_calls: specs.iter().any(|b| b.failure.slow_ms.is_some()),
+        gauges_due_ms: 0,
     })))
 }
 
@@ -181,7 +185,27 @@ impl BreakerStage {
         };
         cx.add_now(counter, 1);
         if open_keys != 0 {
-            cx.add_now(m.open_keys, open_keys);
+            match self.breakers.add_open(cx.store(), e.breaker, open_keys) {
+                Ok(n) => cx.record(m.open_keys, n),
+                Err(_) => cx.add(self.store_failures, 1),
+            }
+        }
+    }
+
+    /// Sets each breaker's open-keys gauge from its count in the store, once
+    /// a second: a gauge left over from a state that is gone (Envoy keeps a
+    /// gauge by its name when the module is loaded from another file, or
+    /// the VM has another `vm_id`) comes back to what the store holds.
+    fn open_keys_gauges(&mut self, cx: &mut Cx<'_, '_>, now: u64) {
+        if now < self.gauges_due_ms {
+            return;
+        }
+        self.gauges_due_ms = now.saturating_add(1000);
+        for (b, m) in self.metrics.iter().enumerate() {
+            match self.breakers.open_count(cx.store(), b) {
+                Ok(n) => cx.record(m.open_keys, n),
+                Err(_) => cx.add(self.store_failures, 1),
+            }
         }
     }
 
@@ -364,6 +388,7 @@ impl Stage for BreakerStage {
         if self.slow_calls {
             self.slow_calls(cx, now);
         }
+        self.open_keys_gauges(cx, now);
         self.run(cx, &mut |b, store, rng, ev| {
             ((), b.flush(store, now, rng, ev))
         });

@@ -5,6 +5,7 @@ use super::runtime::{Breakers, CallOutcome, Check, SYNC_MS};
 use super::*;
 use crate::request::fake::FakeRequest;
 use crate::store::memory::{views, MemoryStore};
+use crate::store::Store;
 use crate::wiring::parse;
 use std::rc::Rc;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -283,6 +284,39 @@ fn codec_round_trips_and_rejects_corruption() {
     }
     assert!(codec::decode(&bytes[..bytes.len() - 1]).is_err());
     assert!(codec::decode(b"").is_err());
+}
+
+#[test]
+fn the_count_of_keys_open_is_shared_starts_at_zero_and_survives_corruption() {
+    let (b, store) = vms(r#"{"circuit_breakers": [{"name": "a"}, {"name": "b"}]}"#, 2);
+    assert_eq!(
+        b[0].open_count(&store, 0),
+        Ok(0),
+        "an empty store: none open"
+    );
+    assert_eq!(b[0].add_open(&store, 0, 1), Ok(1));
+    assert_eq!(
+        b[1].add_open(&store, 0, 1),
+        Ok(2),
+        "the other VM adds to the same count"
+    );
+    assert_eq!(
+        b[1].open_count(&store, 1),
+        Ok(0),
+        "each breaker has its own"
+    );
+    assert_eq!(b[0].add_open(&store, 0, -1), Ok(1));
+    assert_eq!(b[1].open_count(&store, 0), Ok(1));
+    let name = format!("{}open", b[0].rules[0].prefix);
+    store.set(&name, b"garbage", None).expect("set");
+    assert_eq!(
+        b[0].open_count(&store, 0),
+        Ok(0),
+        "a corrupt count reads as none"
+    );
+    assert_eq!(b[0].add_open(&store, 0, -1), Ok(0), "never below 0");
+    assert_eq!(b[1].add_open(&store, 0, 1), Ok(1));
+    assert_eq!(codec::decode_count(&codec::encode_count(7)), Ok(7));
 }
 
 fn vms(json: &str, n: usize) -> (Vec<Breakers>, MemoryStore) {

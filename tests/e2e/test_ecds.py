@@ -19,6 +19,7 @@ Observed behaviour of Envoy 1.40 (see docs/deploy.md):
 
 import contextlib
 import json
+import shutil
 import threading
 import time
 
@@ -26,7 +27,8 @@ import pytest
 
 import http1
 from ecds import EcdsStack, Load, host_config, plugin_config
-from harness import HOST, SlowUpstream, assert_burst_within_limit, metric, settle, time_passes, wait_until
+from harness import (HOST, NATIVE, SlowUpstream, assert_burst_within_limit, metric, native_filter, settle, time_passes,
+                     wait_until)
 
 # What Envoy 1.40 logs when it rejects an update the filter refused, by host.
 REJECTED = {"wasm": "Filesystem config update rejected: Unable to create Wasm plugin sluice",
@@ -271,3 +273,36 @@ def test_requests_held_for_their_turn_go_on_across_an_update():
         # Turns 0, 0.5, ..., 2.5 s: every one answered, none long after its turn.
         assert sorted(st for st, _ in got) == [200] * 6, got
         assert max(t for _, t in got) < 4, got
+
+
+def test_a_state_started_afresh_brings_the_open_keys_gauge_back(tmp_path):
+    """Envoy keeps a gauge by its name: a breaker open in a state that is
+    gone (the native module loaded from another file, a wasm VM with
+    another vm_id, each starting with an empty store) must not leave
+    sluice_cb_open_keys at 1, where SluiceBreakerOpen would fire for a
+    breaker nobody has."""
+    conf = {"circuit_breakers": [{"name": "b", "key": "cluster", "min_requests": 5,
+                                  "open": {"base": "60s", "max": "120s"}}]}
+    if HOST == "wasm":
+        def fresh(c, _name):
+            return plugin_config(c, vm_id="sluice-fresh")
+    else:
+        copy = tmp_path / "libsluice_native_copy.so"
+        shutil.copy(NATIVE, copy)
+
+        def fresh(c, _name):
+            return native_filter(c, lib=copy)["typed_config"]
+    gauge = metric("sluice_cb_open_keys", breaker="b")
+    with EcdsStack(conf) as s:
+        for _ in range(6):
+            http1.get(s.port, "/", {"x-envoy-fault-abort-request": "503"})
+        s.front.wait_stat(gauge, 1)
+        assert http1.get(s.port, "/").status == 503
+        s.wasm_config = fresh
+        s.push(conf)
+        s.wait_stat("update_success", 2)
+        wait_until(lambda: all(http1.get(s.port, "/").status == 200 for _ in range(4)), UPDATE_TIMEOUT,
+                   "the configuration in a fresh state serving, its breaker closed")
+        s.front.wait_stat(gauge, 0)
+        time.sleep(1.5)  # past the next second's refresh on every worker
+        assert s.front.stat(gauge) == 0

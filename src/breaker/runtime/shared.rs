@@ -3,7 +3,7 @@
 //! compare-and-swap updates in the store.
 
 use super::{Breakers, Cached, SYNC_MS};
-use crate::breaker::codec::{decode, encode};
+use crate::breaker::codec::{decode, decode_count, encode, encode_count};
 use crate::breaker::{BreakerSpec, State};
 use crate::store::{update, Store, StoreError, Update};
 
@@ -106,6 +106,40 @@ impl Breakers {
         };
         self.remember(b, key, fresh, now_ms);
         Ok(())
+    }
+}
+
+impl Breakers {
+    /// The name of a breaker's count of keys not closed: its prefix and
+    /// `open`, never 16 hex digits as a key's.
+    fn count_name(&self, breaker: usize) -> String {
+        let prefix = self.rules.get(breaker).map_or("", |r| r.prefix.as_str());
+        format!("{prefix}open")
+    }
+
+    /// How many of a breaker's keys are open or half-open, as the store
+    /// has it: 0 in a store that starts empty (a new module file, another
+    /// `vm_id`), and for a corrupt count.
+    pub fn open_count(&self, store: &dyn Store, breaker: usize) -> Result<u64, StoreError> {
+        Ok(store
+            .get(&self.count_name(breaker))?
+            .and_then(|e| decode_count(&e.bytes).ok())
+            .unwrap_or(0))
+    }
+
+    /// Adds `by` to that count by CAS (from 0 if it was corrupt; never
+    /// below 0); the count after.
+    pub fn add_open(&self, store: &dyn Store, breaker: usize, by: i64) -> Result<u64, StoreError> {
+        update(
+            store,
+            &self.count_name(breaker),
+            self.max_retries,
+            |found| {
+                let old = found.and_then(|e| decode_count(&e.bytes).ok()).unwrap_or(0);
+                let new = old.saturating_add_signed(by);
+                Update::Write(encode_count(new), new)
+            },
+        )
     }
 }
 
