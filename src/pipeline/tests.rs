@@ -292,7 +292,8 @@ impl Sim {
                 let e = crate::shed::codec::decode_shared(v).expect("shed entry decodes");
                 inflight += e.inflight;
                 waiting += e.waiting;
-            } else if k.starts_with("cb") {
+            } else if k.starts_with("cb") && !k.ends_with("open") {
+                // A breaker's key (its count of keys open is `{prefix}open`).
                 probes += crate::breaker::codec::decode(v)
                     .expect("breaker decodes")
                     .in_flight;
