@@ -15,6 +15,9 @@ pub const CAL_SAMPLES: u64 = 50;
 /// Responses that may end a measurement that finds nothing early
 /// ([`Auto::finds_nothing`]).
 const EARLY_SAMPLES: u64 = 10;
+/// A measurement ends early, finding nothing, only after this many times
+/// the average latency before it ([`Auto::finds_nothing`]).
+const EARLY_SPAN: u64 = 5;
 /// Held at `min`: how long a measurement gathers responses before 10 are
 /// enough ([`Auto::measure`]).
 const QUICK_MS: u64 = 400;
@@ -116,10 +119,9 @@ impl Auto {
             Self::samples_to_measure(held)
         };
         let low = self.lowest_us();
-        let avg = self
-            .cal_sum_us
-            .checked_div(self.cal_count)
-            .filter(|&a| self.cal_count >= enough || self.finds_nothing(spec, held, low, a));
+        let avg = self.cal_sum_us.checked_div(self.cal_count).filter(|&a| {
+            self.cal_count >= enough || self.finds_nothing(spec, held, low, a, now_ms)
+        });
         if avg.is_none() && !timed_out {
             return;
         }
@@ -191,7 +193,15 @@ impl Auto {
     /// time barely varies: a steady upstream held at its capacity idles a
     /// slot through each hand-over (4 slots of 20 ms held at 4 served 12%
     /// less for 0.4 to 0.6 s in `bench/overload.py`, and half as much when
-    /// the capacity rose to 8 during the hold). Two conditions:
+    /// the capacity rose to 8 during the hold). Not before [`EARLY_SPAN`]
+    /// times the average latency before the hold (at least two intervals)
+    /// has passed since the held limit reached every worker: the first
+    /// responses back are the fastest. A bimodal upstream's (90% in 10 ms,
+    /// 10% in 100 ms) were all fast, and 16 of 20 of its measurements
+    /// after the floor's window ended on 15 to 20 of them as if a queue
+    /// had held the limit (2 of 20 with this wait); the floor fell to the lowest
+    /// latency and the limit to `min`, where it sat for 1.3 s in one run
+    /// of 60 with its workers starved of CPU. Then two conditions:
     /// - at least [`EARLY_SAMPLES`] responses (2 per held request if
     ///   more) average within 1 + ¾ × (tolerance − 1) times the lowest
     ///   latency (a margin for the responses still to come);
@@ -205,11 +215,26 @@ impl Auto {
     ///   times, against 1.56 allowed. Without this condition such an
     ///   upstream's first responses back, the fast ones, would end its
     ///   measurements early and leave it less used.
-    fn finds_nothing(&self, spec: &AdaptiveSpec, held: u64, low: Option<u64>, avg: u64) -> bool {
+    fn finds_nothing(
+        &self,
+        spec: &AdaptiveSpec,
+        held: u64,
+        low: Option<u64>,
+        avg: u64,
+        now_ms: u64,
+    ) -> bool {
         let needed = held.saturating_mul(2).max(EARLY_SAMPLES);
         let Some(low) = low else {
             return false;
         };
+        let span_ms = self
+            .before_measure_avg_us
+            .map_or(0, |b| b.saturating_mul(EARLY_SPAN) / 1000)
+            .max(spec.interval_ms.saturating_mul(2));
+        let from = self.measured_from_ms(spec).unwrap_or(self.measure_start_ms);
+        if now_ms < from.saturating_add(span_ms) {
+            return false;
+        }
         if self.cal_count < needed || self.before_measure_count < EARLY_SAMPLES {
             return false;
         }
