@@ -199,9 +199,9 @@ impl Auto {
     /// responses back are the fastest. A bimodal upstream's (90% in 10 ms,
     /// 10% in 100 ms) were all fast, and 16 of 20 of its measurements
     /// after the floor's window ended on 15 to 20 of them as if a queue
-    /// had held the limit (2 of 20 with this wait); the floor fell to the lowest
-    /// latency and the limit to `min`, where it sat for 1.3 s in one run
-    /// of 60 with its workers starved of CPU. Then two conditions:
+    /// had held the limit (2 of 20 with this wait); the floor fell to the
+    /// lowest latency and the limit to `min`, where it sat for 1.3 s in
+    /// one run of 60 with its workers starved of CPU. Then two conditions:
     /// - at least [`EARLY_SAMPLES`] responses (2 per held request if
     ///   more) average within 1 + ¾ × (tolerance − 1) times the lowest
     ///   latency (a margin for the responses still to come);
