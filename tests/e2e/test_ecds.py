@@ -297,6 +297,7 @@ def test_a_state_started_afresh_brings_the_open_keys_gauge_back(tmp_path):
         for _ in range(6):
             http1.get(s.port, "/", {"x-envoy-fault-abort-request": "503"})
         s.front.wait_stat(gauge, 1)
+        time_passes(0.1)  # every worker re-reads the breakers' shared state within 20 ms
         assert http1.get(s.port, "/").status == 503
         s.wasm_config = fresh
         s.push(conf)
