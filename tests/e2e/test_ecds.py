@@ -307,3 +307,30 @@ def test_a_state_started_afresh_brings_the_open_keys_gauge_back(tmp_path):
         s.front.wait_stat(gauge, 0)
         time.sleep(1.5)  # past the next second's refresh on every worker
         assert s.front.stat(gauge) == 0
+
+
+def test_a_breaker_removed_while_open_leaves_no_open_keys_gauge_behind():
+    """A configuration without a breaker that was open takes its
+    sluice_cb_open_keys down (the wasm build's gauge goes to 0, the native
+    build's goes with its configuration), where SluiceBreakerOpen would
+    fire for good; a breaker the new configuration keeps stays counted."""
+    def both(names):
+        return {"circuit_breakers": [{"name": n, "key": "cluster", "min_requests": 5,
+                                      "open": {"base": "60s", "max": "120s"}} for n in names]}
+    gone, kept = (metric("sluice_cb_open_keys", breaker=n) for n in ("gone", "kept"))
+    with EcdsStack(both(["gone", "kept"])) as s:
+        for _ in range(6):
+            http1.get(s.port, "/", {"x-envoy-fault-abort-request": "503"})
+        s.front.wait_stat(gone, 1)
+        s.front.wait_stat(kept, 1)
+        s.push(both(["kept"]))
+        s.wait_stat("update_success", 2)
+
+        def removed():
+            names = s.front.stats("sluice_cb_open_keys")
+            return names.get(gone, 0) == 0
+        wait_until(removed, UPDATE_TIMEOUT, "the removed breaker's gauge at 0 or gone")
+        time.sleep(1.5)  # past the next second's refresh on every worker
+        assert s.front.stats("sluice_cb_open_keys").get(gone, 0) == 0
+        assert s.front.stat(kept) == 1
+        assert http1.get(s.port, "/").status == 503, "the kept breaker is still open"
