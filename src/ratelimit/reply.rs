@@ -32,6 +32,9 @@ pub struct PolicyInfo {
     pub quota: u64,
     /// Seconds an empty bucket takes to refill completely (at least 1).
     pub window_s: u64,
+    /// A shadow rule's: never in the headers (a dry run tells clients
+    /// nothing).
+    pub shadow: bool,
 }
 
 impl PolicyInfo {
@@ -44,6 +47,7 @@ impl PolicyInfo {
             name: name.into(),
             quota: a.quota(),
             window_s,
+            shadow: false,
         }
     }
 }
@@ -60,10 +64,12 @@ pub fn action(
             let response_headers = if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
                 let mut out = Headers::new();
+                let enforcing = |r: &&RuleReport| !policies.get(r.rule).is_some_and(|p| p.shadow);
                 if let Some(r) = eval
                     .reports
                     .iter()
                     .filter(|r| matches!(r.result, RuleResult::Allowed | RuleResult::Delayed))
+                    .filter(enforcing)
                     .min_by_key(|r| r.remaining)
                 {
                     rate_headers(&mut out, spec.ratelimit_headers, r, policies, None);
@@ -148,7 +154,9 @@ fn rate_headers<L: HeaderList>(
     let Some(p) = policies.get(r.rule) else {
         return;
     };
-    let reset = reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns));
+    // A held request's response comes `delay_ns` after its charge.
+    let reset =
+        reset_override.unwrap_or_else(|| ceil_secs(r.full_in_ns.saturating_sub(r.delay_ns)));
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         // `"name";q=Q;w=W` and `"name";r=R;t=T`, without `format!`.
         let field = |a: &str, x: u64, b: &str, y: u64| {
@@ -300,4 +308,56 @@ mod tests {
         };
         assert!(response_headers.is_empty());
     }
+
+    /// The headers of an admitted request, legacy style.
+    fn allowed_headers(reports: Vec<RuleReport>, policies: &[PolicyInfo]) -> Headers {
+        let eval = Evaluation {
+            verdict: LimitVerdict::Allow,
+            reports: reports.into(),
+            delay_ns: 0,
+            reservations: Vec::new(),
+            global_keys: Vec::new(),
+        };
+        match action(&eval, &spec(HeaderStyle::Legacy, true, 0), policies, &mut SplitMix(0)) {
+            Action::Continue { response_headers } => response_headers,
+            Action::Reject(_) => Headers::new(),
+        }
+    }
+
+    #[test]
+    fn a_shadow_rule_is_never_in_an_admitted_requests_headers() {
+        let two = vec![
+            PolicyInfo {
+                shadow: true,
+                ..policies().remove(0)
+            },
+            policies().remove(0),
+        ];
+        let shadow = |result, remaining| RuleReport {
+            remaining,
+            ..report(result, remaining, 0, S)
+        };
+        let enforcing = RuleReport {
+            rule: 1,
+            ..report(RuleResult::Allowed, 9, 0, S)
+        };
+        // Tighter than the enforcing rule, admitting or not: not shown.
+        for r in [shadow(RuleResult::Allowed, 1), shadow(RuleResult::ShadowLimited, 0)] {
+            let h = allowed_headers(vec![r, enforcing], &two);
+            assert_eq!(h.get(1).map(|(_, v)| v.as_bytes()), Some(&b"9"[..]));
+        }
+        // Alone, it adds none.
+        assert!(allowed_headers(vec![shadow(RuleResult::Allowed, 1)], &two).is_empty());
+    }
+
+    #[test]
+    fn a_held_requests_reset_counts_from_its_release() {
+        let held = RuleReport {
+            delay_ns: 2 * S,
+            ..report(RuleResult::Delayed, 0, 0, 3 * S)
+        };
+        let h = allowed_headers(vec![held], &policies());
+        assert_eq!(h.get(2).map(|(_, v)| v.as_bytes()), Some(&b"1"[..]));
+    }
+
 }

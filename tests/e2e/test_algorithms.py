@@ -205,6 +205,17 @@ def test_held_requests_carry_the_rate_limit_headers_of_an_admitted_one():
             assert r.header("ratelimit") is not None and r.header("x-ratelimit-limit") == "1", r.headers
 
 
+def test_a_held_requests_reset_counts_from_its_release_not_its_arrival():
+    cfg = {"rate_limits": [paced_rule(bucket={"rate": 1, "period": "1s", "burst": 1})],
+           "response": {"headers_on_allowed": True, "ratelimit_headers": "both"}}
+    with PacedStack(cfg, concurrency=2) as s:
+        got = burst_statuses(s.port, 3)  # turns at 0, 1 and 2 s
+        assert [r.status for r in got] == [200] * 3
+        # Each answered at its turn, with the bucket full 1 s later.
+        assert [r.header("x-ratelimit-reset") for r in got] == ["1"] * 3, [r.headers for r in got]
+        assert all(r.header("ratelimit").endswith(";t=1") for r in got), [r.headers for r in got]
+
+
 def test_clients_that_leave_while_held_leave_nothing_behind():
     cfg = {"rate_limits": [paced_rule(bucket={"rate": 10, "period": "1s", "burst": 1})]}
     with PacedStack(cfg, concurrency=2) as s:

@@ -294,3 +294,17 @@ def test_an_optional_header_names_the_refusing_mechanism_and_rule():
         c.request()
         r = c.request()
         assert r.status == 429 and r.header("x-sluice-reason") is None
+
+
+def test_a_shadow_rule_never_shows_in_an_admitted_requests_headers():
+    """A dry run tells clients nothing: the headers are the enforcing
+    rule's, whether the shadow rule would admit or refuse."""
+    cfg = {"rate_limits": [{"name": "sh", "shadow": True, "bucket": {"rate": 1, "period": "1h", "burst": 2}},
+                           {"name": "en", "bucket": {"rate": 1, "period": "1h", "burst": 100}}],
+           "response": {"headers_on_allowed": True, "ratelimit_headers": "draft"}}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        got = [c.request("/") for _ in range(4)]
+        assert [r.status for r in got] == [200] * 4
+        assert [r.header("ratelimit").split(";")[:2] for r in got] == \
+            [['"en"', f"r={n}"] for n in (99, 98, 97, 96)], [r.headers for r in got]

@@ -86,7 +86,10 @@ pub fn build(
         .collect();
     let policies = specs
         .iter()
-        .map(|r| PolicyInfo::of(&r.name, &r.algorithm))
+        .map(|r| PolicyInfo {
+            shadow: r.shadow,
+            ..PolicyInfo::of(&r.name, &r.algorithm)
+        })
         .collect();
     let shaping = specs.iter().any(|r| r.shaping.is_some());
     Ok(Some(Box::new(RateLimits {
