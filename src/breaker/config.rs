@@ -44,12 +44,33 @@ pub struct FailureSpec {
     /// has taken that long (a hanging dependency trips the breaker before
     /// its timeouts do).
     pub slow_ms: Option<u64>,
+    /// Bit `c`: `grpc-status: c` in the headers of an upstream's 200 (a
+    /// gRPC error without a message, trailers-only) is a failure.
+    pub grpc_statuses: u32,
 }
+
+/// The gRPC statuses that count as failures unless `failure.grpc_statuses`
+/// says otherwise: as Envoy's `admission_control`, those fewer requests
+/// may help (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL,
+/// UNAVAILABLE, DATA_LOSS).
+pub const GRPC_FAILURES: [u32; 6] = [4, 8, 10, 13, 14, 15];
+
+/// The gRPC status header of a trailers-only response.
+pub const GRPC_STATUS: &str = "grpc-status";
 
 impl FailureSpec {
     /// Whether an upstream status counts as a failure.
     pub fn is_failure_status(&self, status: u32) -> bool {
         self.classes.contains(&(status / 100)) || self.codes.contains(&status)
+    }
+
+    /// Whether a `grpc-status` value (as sent: decimal) is one counted as
+    /// a failure.
+    pub fn is_failure_grpc(&self, value: &[u8]) -> bool {
+        let code = crate::request::first_value(value)
+            .and_then(|t| t.parse::<u32>().ok())
+            .filter(|&c| c < 32);
+        code.is_some_and(|c| self.grpc_statuses & (1 << c) != 0)
     }
 
     /// Classifies a response from its status and Envoy's response code
@@ -59,9 +80,16 @@ impl FailureSpec {
     /// any other detail, or none on an error status, is a local reply by a
     /// filter (an authz denial, or sluice itself, whose replies carry no
     /// details) and says nothing about the upstream.
-    pub fn classify(&self, status: Option<u32>, details: Option<&[u8]>) -> CallOutcome {
+    /// `grpc` is the response's `grpc-status`, if read (a 200's).
+    pub fn classify(
+        &self,
+        status: Option<u32>,
+        details: Option<&[u8]>,
+        grpc: Option<&[u8]>,
+    ) -> CallOutcome {
         let by_status = || match status {
             Some(s) if self.is_failure_status(s) => CallOutcome::Failure,
+            Some(_) if grpc.is_some_and(|g| self.is_failure_grpc(g)) => CallOutcome::Failure,
             Some(_) => CallOutcome::Success,
             None => CallOutcome::Ignored,
         };
@@ -166,6 +194,7 @@ struct RawGraded {
 #[serde(deny_unknown_fields)]
 struct RawFailure {
     statuses: Option<Vec<String>>,
+    grpc_statuses: Option<Vec<i64>>,
     local_failures: Option<bool>,
     #[serde(default)]
     slow_call: Option<String>,
@@ -200,6 +229,7 @@ fn count(field: String, value: Option<i64>, default: i64, max: i64) -> Result<u3
 fn failure(at: &str, raw: Option<RawFailure>) -> Result<FailureSpec, ConfigError> {
     let raw = raw.unwrap_or(RawFailure {
         statuses: None,
+        grpc_statuses: None,
         local_failures: None,
         slow_call: None,
     });
@@ -212,7 +242,20 @@ fn failure(at: &str, raw: Option<RawFailure>) -> Result<FailureSpec, ConfigError
         codes: Vec::new(),
         local_failures: raw.local_failures.unwrap_or(true),
         slow_ms,
+        grpc_statuses: 0,
     };
+    let grpc = raw
+        .grpc_statuses
+        .unwrap_or_else(|| GRPC_FAILURES.iter().map(|&c| i64::from(c)).collect());
+    for (j, &c) in grpc.iter().enumerate() {
+        if !(1..=16).contains(&c) {
+            return Err(err(
+                format!("{at}.failure.grpc_statuses[{j}]"),
+                format!("`{c}` is not a gRPC error status (1-16)"),
+            ));
+        }
+        spec.grpc_statuses |= 1 << c;
+    }
     let statuses = raw.statuses.unwrap_or_else(|| vec!["5xx".to_string()]);
     for (j, s) in statuses.iter().enumerate() {
         let field = format!("{at}.failure.statuses[{j}]");
@@ -220,7 +263,8 @@ fn failure(at: &str, raw: Option<RawFailure>) -> Result<FailureSpec, ConfigError
         match bytes {
             [c @ b'1'..=b'5', b'x', b'x'] => spec.classes.push((c - b'0') as u32),
             _ => match s.parse::<u32>() {
-                Ok(code) if (100..=599).contains(&code) => spec.codes.push(code),
+                // Three digits as written, not `+500` or `0500`.
+                Ok(code) if (100..=599).contains(&code) && s.len() == 3 => spec.codes.push(code),
                 _ => {
                     return Err(err(
                         field,
@@ -295,16 +339,20 @@ pub fn validate(at: &str, raw: RawBreaker) -> Result<BreakerSpec, ConfigError> {
 }
 
 /// Graded breaking: `from` an error rate under the trip rate (default
-/// half of it), `max` a chance in (0, 1] (default 0.9).
+/// half of it, rounded down to a step of 0.001: the steps bind what is
+/// written, not the default), `max` a chance in (0, 1] (default 0.9).
 fn graded(at: &str, raw: RawGraded, trip_permille: u32) -> Result<GradedSpec, ConfigError> {
     let trip = f64::from(trip_permille) / 1000.0;
-    let from = raw.from.unwrap_or(trip / 2.0);
-    if !(0.0..trip).contains(&from) {
-        return Err(err(
-            format!("{at}.graded.from"),
-            format!("must be at least 0 and under error_rate ({trip}), got {from}"),
-        ));
-    }
+    let from_permille = match raw.from {
+        None => trip_permille / 2,
+        Some(from) if (0.0..trip).contains(&from) => permille(format!("{at}.graded.from"), from)?,
+        Some(from) => {
+            return Err(err(
+                format!("{at}.graded.from"),
+                format!("must be at least 0 and under error_rate ({trip}), got {from}"),
+            ))
+        }
+    };
     let max = raw.max.unwrap_or(0.9);
     if !(max > 0.0 && max <= 1.0) {
         return Err(err(
@@ -313,7 +361,7 @@ fn graded(at: &str, raw: RawGraded, trip_permille: u32) -> Result<GradedSpec, Co
         ));
     }
     Ok(GradedSpec {
-        from_permille: permille(format!("{at}.graded.from"), from)?,
+        from_permille,
         max_permille: permille(format!("{at}.graded.max"), max)?,
     })
 }

@@ -209,6 +209,18 @@ impl BreakerStage {
         }
     }
 
+    /// Whether a breaker the stream holds a ticket of counts gRPC errors.
+    fn counts_grpc(&self, stream: StreamId) -> bool {
+        self.tickets.get(&stream).is_some_and(|(_, tickets)| {
+            tickets.iter().any(|t| {
+                self.breakers
+                    .rules
+                    .get(t.breaker)
+                    .is_some_and(|r| r.spec.failure.grpc_statuses != 0)
+            })
+        })
+    }
+
     /// Refuses the request at `breaker` with the reply `reply` builds,
     /// counted as `throttled` (graded) or fast-failed.
     fn refuse(
@@ -351,10 +363,15 @@ impl Stage for BreakerStage {
         } else {
             read.as_deref()
         };
+        // A gRPC error without a message comes in a 200's headers
+        // (trailers-only); read only where a breaker of the stream counts one.
+        let grpc = (status == Some(200) && self.counts_grpc(stream))
+            .then(|| resp.header(super::config::GRPC_STATUS))
+            .flatten();
         self.report(
             cx,
             stream,
-            &|f, took_ms| match f.classify(status, details) {
+            &|f, took_ms| match f.classify(status, details, grpc.as_deref()) {
                 CallOutcome::Success if f.slow_ms.is_some_and(|s| took_ms >= s) => {
                     CallOutcome::Failure
                 }

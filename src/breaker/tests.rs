@@ -491,54 +491,95 @@ fn successes_are_batched_and_ignored_outcomes_do_not_count() {
 }
 
 #[test]
-fn responses_are_classified_by_status_and_envoy_details() {
+fn a_grpc_error_in_an_upstream_200_is_a_failure_as_admission_control_counts_it() {
     let f = default_spec().failure;
+    let up = Some(&b"via_upstream"[..]);
+    for (grpc, want) in [
+        ("14", CallOutcome::Failure), // UNAVAILABLE
+        ("4", CallOutcome::Failure),  // DEADLINE_EXCEEDED
+        (" 13 ", CallOutcome::Failure),
+        ("0", CallOutcome::Success),
+        ("5", CallOutcome::Success), // NOT_FOUND: the caller's
+        ("16", CallOutcome::Success),
+        ("x", CallOutcome::Success),
+        ("99999999999", CallOutcome::Success),
+    ] {
+        assert_eq!(
+            f.classify(Some(200), up, Some(grpc.as_bytes())),
+            want,
+            "{grpc}"
+        );
+    }
+    // A local reply's grpc-status says nothing about the upstream.
     assert_eq!(
-        f.classify(Some(200), Some(b"via_upstream")),
-        CallOutcome::Success
+        f.classify(Some(200), Some(b"wasm_send_local_response"), Some(b"14")),
+        CallOutcome::Ignored
     );
+    let mine =
+        spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"grpc_statuses":[5]}}]}"#).failure;
     assert_eq!(
-        f.classify(Some(503), Some(b"via_upstream")),
+        mine.classify(Some(200), up, Some(b"5")),
         CallOutcome::Failure
     );
     assert_eq!(
-        f.classify(Some(429), Some(b"via_upstream")),
+        mine.classify(Some(200), up, Some(b"14")),
+        CallOutcome::Success
+    );
+    let none =
+        spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"grpc_statuses":[]}}]}"#).failure;
+    assert_eq!(none.grpc_statuses, 0);
+}
+
+#[test]
+fn responses_are_classified_by_status_and_envoy_details() {
+    let f = default_spec().failure;
+    assert_eq!(
+        f.classify(Some(200), Some(b"via_upstream"), None),
         CallOutcome::Success
     );
     assert_eq!(
-        f.classify(Some(504), Some(b"upstream_response_timeout")),
+        f.classify(Some(503), Some(b"via_upstream"), None),
+        CallOutcome::Failure
+    );
+    assert_eq!(
+        f.classify(Some(429), Some(b"via_upstream"), None),
+        CallOutcome::Success
+    );
+    assert_eq!(
+        f.classify(Some(504), Some(b"upstream_response_timeout"), None),
         CallOutcome::Failure
     );
     assert_eq!(
         f.classify(
             Some(503),
-            Some(b"upstream_reset_before_response_started{remote_connection_failure}")
+            Some(b"upstream_reset_before_response_started{remote_connection_failure}"),
+            None
         ),
         CallOutcome::Failure
     );
     assert_eq!(
-        f.classify(Some(503), Some(b"no_healthy_upstream")),
+        f.classify(Some(503), Some(b"no_healthy_upstream"), None),
         CallOutcome::Failure
     );
     assert_eq!(
-        f.classify(Some(403), Some(b"ext_authz_denied")),
+        f.classify(Some(403), Some(b"ext_authz_denied"), None),
         CallOutcome::Ignored
     );
     assert_eq!(
-        f.classify(Some(429), Some(b"wasm_send_local_response")),
+        f.classify(Some(429), Some(b"wasm_send_local_response"), None),
         CallOutcome::Ignored
     );
-    assert_eq!(f.classify(None, None), CallOutcome::Ignored);
+    assert_eq!(f.classify(None, None, None), CallOutcome::Ignored);
     // sluice's own local replies (a shed or refused request) carry no details.
-    assert_eq!(f.classify(Some(503), None), CallOutcome::Ignored);
-    assert_eq!(f.classify(Some(200), None), CallOutcome::Success);
+    assert_eq!(f.classify(Some(503), None, None), CallOutcome::Ignored);
+    assert_eq!(f.classify(Some(200), None, None), CallOutcome::Success);
     let with_429 = spec_from(r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["5xx","429"],"local_failures":false}}]}"#).failure;
     assert_eq!(
-        with_429.classify(Some(429), Some(b"via_upstream")),
+        with_429.classify(Some(429), Some(b"via_upstream"), None),
         CallOutcome::Failure
     );
     assert_eq!(
-        with_429.classify(Some(504), Some(b"upstream_response_timeout")),
+        with_429.classify(Some(504), Some(b"upstream_response_timeout"), None),
         CallOutcome::Ignored
     );
 }
@@ -660,4 +701,22 @@ fn graded_refusals_follow_a_recovery_within_half_a_window_and_an_onset_with_the_
     let mut s = healed_after(13);
     s.phase = Phase::Open;
     assert_eq!(at(&s, 13), 0);
+}
+
+#[test]
+fn graded_breaking_takes_its_default_from_whatever_the_error_rate() {
+    for (rate, from) in [("0.005", 2), ("0.333", 166), ("0.001", 0), ("0.5", 250)] {
+        let s = spec_from(&format!(
+            r#"{{"circuit_breakers":[{{"name":"b","error_rate":{rate},"graded":{{}}}}]}}"#
+        ));
+        assert_eq!(s.graded.map(|g| g.from_permille), Some(from), "{rate}");
+    }
+    // A `from` written finer than 0.001 is still refused, naming it.
+    let e = parse(
+        br#"{"circuit_breakers":[{"name":"b","error_rate":0.005,"graded":{"from":0.0025}}]}"#,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("graded.from"), "{e}");
 }

@@ -212,12 +212,20 @@ pub fn status(field: String, value: i64) -> Result<u32, ConfigError> {
     Ok(value as u32)
 }
 
-/// A duration field in whole milliseconds (at least 1 ms), `default` if absent.
+/// The longest duration a `millis` field takes: a day (a breaker open
+/// longer, a wait longer, is a mistake, and told back to a client in
+/// `Retry-After` it would overflow the nanoseconds sluice counts in).
+const MAX_MILLIS_NS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// A duration field in whole milliseconds (1 ms to 24 h), `default` if absent.
 pub fn millis(field: String, text: Option<String>, default: &str) -> Result<u64, ConfigError> {
     let ns =
         parse_duration(text.as_deref().unwrap_or(default)).map_err(|p| err(field.clone(), p))?;
     if ns < NS_PER_MS {
         return Err(err(field, "must be at least 1ms"));
+    }
+    if ns > MAX_MILLIS_NS {
+        return Err(err(field, "must be at most 24h"));
     }
     whole_millis(field, ns)
 }
@@ -278,7 +286,7 @@ pub fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
     let ok = name.bytes().enumerate().all(|(i, b)| {
         b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b) || (i == 0 && b == b':')
     });
-    if !ok {
+    if !ok || name == ":" {
         return Err(err(field, format!("`{name}` is not a valid header name")));
     }
     Ok(name.to_ascii_lowercase())

@@ -318,7 +318,12 @@ mod tests {
             reservations: Vec::new(),
             global_keys: Vec::new(),
         };
-        match action(&eval, &spec(HeaderStyle::Legacy, true, 0), policies, &mut SplitMix(0)) {
+        match action(
+            &eval,
+            &spec(HeaderStyle::Legacy, true, 0),
+            policies,
+            &mut SplitMix(0),
+        ) {
             Action::Continue { response_headers } => response_headers,
             Action::Reject(_) => Headers::new(),
         }
@@ -342,7 +347,10 @@ mod tests {
             ..report(RuleResult::Allowed, 9, 0, S)
         };
         // Tighter than the enforcing rule, admitting or not: not shown.
-        for r in [shadow(RuleResult::Allowed, 1), shadow(RuleResult::ShadowLimited, 0)] {
+        for r in [
+            shadow(RuleResult::Allowed, 1),
+            shadow(RuleResult::ShadowLimited, 0),
+        ] {
             let h = allowed_headers(vec![r, enforcing], &two);
             assert_eq!(h.get(1).map(|(_, v)| v.as_bytes()), Some(&b"9"[..]));
         }
@@ -359,5 +367,4 @@ mod tests {
         let h = allowed_headers(vec![held], &policies());
         assert_eq!(h.get(2).map(|(_, v)| v.as_bytes()), Some(&b"1"[..]));
     }
-
 }

@@ -376,6 +376,13 @@ fn adaptive(at: &str, a: RawAdaptive) -> Result<AdaptiveSpec, ConfigError> {
     if !(1.0..=10.0).contains(&tolerance) {
         return Err(err(field("tolerance"), "must be between 1.0 and 10.0"));
     }
+    // Kept in hundredths: a finer one would not be the one written.
+    if ((tolerance * 100.0).round() - tolerance * 100.0).abs() > 1e-6 {
+        return Err(err(
+            field("tolerance"),
+            format!("must be a multiple of 0.01, got {tolerance}"),
+        ));
+    }
     let interval_ms = millis(field("interval"), a.interval, "100ms")?;
     let floor_window_ms = millis(field("floor_window"), a.floor_window, "30s")?;
     if floor_window_ms < 2 * interval_ms {

@@ -372,6 +372,46 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "has the wrong JSON type",
         ),
         (
+            r#"{"circuit_breakers":[{"name":"b","open":{"base":"25h","max":"25h"}}]}"#.into(),
+            "circuit_breakers[0].open.base",
+            "must be at most 24h",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":1,"max_wait":"100000h"}}]}"#.into(),
+            "shedders[0].concurrency.max_wait",
+            "must be at most 24h",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["+500"]}}]}"#.into(),
+            "circuit_breakers[0].failure.statuses[0]",
+            "is neither a status",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","failure":{"statuses":["0500"]}}]}"#.into(),
+            "circuit_breakers[0].failure.statuses[0]",
+            "is neither a status",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","failure":{"grpc_statuses":[0]}}]}"#.into(),
+            "circuit_breakers[0].failure.grpc_statuses[0]",
+            "is not a gRPC error status (1-16)",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","failure":{"grpc_statuses":[17]}}]}"#.into(),
+            "circuit_breakers[0].failure.grpc_statuses[0]",
+            "is not a gRPC error status (1-16)",
+        ),
+        (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":"auto","adaptive":{"tolerance":1.234}}}]}"#.into(),
+            "shedders[0].concurrency.adaptive.tolerance",
+            "must be a multiple of 0.01, got 1.234",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","key":{"header":":"}}]}"#.into(),
+            "circuit_breakers[0].key.header",
+            "is not a valid header name",
+        ),
+        (
             "{\"rate_limits\":[{\"name\":\"a\",\n\"on_limit\": }]}".into(),
             "rate_limits[0].on_limit",
             "expected value at line 2 column 13",

@@ -280,3 +280,33 @@ def test_graded_refusals_stop_within_half_a_window_of_a_recovery():
         c.close()
         assert last is not None  # the old failures still counted at first
         assert last < 1.4, f"refused {last:.2f} s after the upstream recovered"
+
+
+def test_grpc_errors_in_an_upstream_200_trip_it_as_admission_control_counts_them():
+    """A gRPC server answers an error with HTTP 200 and `grpc-status` in
+    its headers (trailers-only): UNAVAILABLE counts as a failure, NOT_FOUND
+    (the caller's) does not, as in Envoy's admission_control."""
+    grpc = {"content-type": "application/grpc", "te": "trailers"}
+
+    def calls(s, status, n):
+        c = http1.Conn(s.port)
+        got = [c.request("/", dict(grpc, **{"x-envoy-fault-abort-grpc-request": status}), method="POST")
+               for _ in range(n)]
+        c.close()
+        return [(r.status, r.header("grpc-status"), r.header("x-sluice-circuit")) for r in got]
+
+    with Stack({"circuit_breakers": [breaker()]}) as s:
+        assert calls(s, "5", 12) == [(200, "5", None)] * 12
+        assert s.front.settled_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened")) == 0
+        before = s.upstream_requests()
+        assert calls(s, "5", 1) == [(200, "5", None)], "NOT_FOUND tripped the breaker"
+        assert s.upstream_requests() == before + 1
+    with Stack({"circuit_breakers": [breaker()]}) as s:
+        assert calls(s, "14", 10) == [(200, "14", None)] * 10
+        settle(SHARED_STATE_S)
+        before = s.upstream_requests()
+        got = [http1.Conn(s.port).request("/", grpc, method="POST") for _ in range(10)]  # both workers
+        assert [(r.status, r.header("grpc-status"), r.header("x-sluice-circuit")) for r in got] == \
+            [(200, "14", "open")] * 10
+        assert s.upstream_requests() == before, "an open breaker let gRPC calls reach the upstream"
+        s.front.wait_stat(metric("sluice_cb_transitions_total", breaker="backend", transition="opened"), 1)
