@@ -104,15 +104,31 @@ pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
 
 /// serde_json's "expected value" where a value does start: a field that
 /// takes a name or a one-field object (a key part, `on_limit`...) was
-/// given an array, a number or a literal. (A true syntax error, where no
-/// value starts, keeps serde_json's message and position.)
+/// given an array, a number or a literal, or an object of no field (the
+/// error at its `}`) or of more than one (at the end of the first one's
+/// value).
+/// (A true syntax error, where no value starts, keeps serde_json's
+/// message and position.)
 fn wrong_type(bytes: &[u8], e: &serde_json::Error) -> bool {
     if !e.is_syntax() || !e.to_string().starts_with("expected value") {
         return false;
     }
-    let line = bytes.split(|&b| b == b'\n').nth(e.line().saturating_sub(1));
-    let at = line.and_then(|l| l.get(e.column().saturating_sub(1)));
-    at.is_some_and(|b| b"[-0123456789tfn".contains(b))
+    let Some(line) = bytes.split(|&b| b == b'\n').nth(e.line().saturating_sub(1)) else {
+        return false;
+    };
+    let col = e.column().saturating_sub(1);
+    let before = line
+        .get(..col)
+        .and_then(|l| l.iter().rev().find(|b| !b.is_ascii_whitespace()));
+    let after = line
+        .get(col + 1..)
+        .and_then(|l| l.iter().find(|b| !b.is_ascii_whitespace()));
+    match (line.get(col), before, after) {
+        // `{}`, or the end of the first field's value with a second to come.
+        (Some(b'}'), Some(b'{'), _) | (Some(b'"'), _, Some(b',')) => true,
+        (Some(b), _, _) => b"[-0123456789tfn".contains(b),
+        (None, _, _) => false,
+    }
 }
 
 fn validate(raw: RawConfig) -> Result<Config, ConfigError> {

@@ -367,6 +367,16 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "has the wrong JSON type: expected a name (a string)",
         ),
         (
+            r#"{"rate_limits":[{"name":"a","key":[{"header":"x","constant":"y"}],"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
+            "rate_limits[0].key[0]",
+            "an object of one field",
+        ),
+        (
+            r#"{"circuit_breakers":[{"name":"b","key":{ }}]}"#.into(),
+            "circuit_breakers[0].key",
+            "an object of one field",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a","on_limit":7,"bucket":{"rate":1,"period":"1s"}}]}"#.into(),
             "rate_limits[0].on_limit",
             "has the wrong JSON type",
