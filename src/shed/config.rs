@@ -323,7 +323,14 @@ fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigErr
     };
     let max = match (&c.max, &adaptive) {
         (_, Some(a)) => u64::from(a.max),
-        (RawMax::Fixed(n), None) => positive(format!("{at}.concurrency.max"), *n)?,
+        (RawMax::Fixed(n), None) => {
+            let field = format!("{at}.concurrency.max");
+            let n = positive(field.clone(), *n)?;
+            if n > 1_000_000 {
+                return Err(err(field, format!("must be at most 1000000, got {n}")));
+            }
+            n
+        }
         (RawMax::Auto(_), None) => 0,
     };
     let queue = c
@@ -336,7 +343,7 @@ fn concurrency(at: &str, c: RawConcurrency) -> Result<ConcurrencySpec, ConfigErr
         ));
     }
     Ok(ConcurrencySpec {
-        max: max.min(u32::MAX as u64) as u32,
+        max: u32::try_from(max).unwrap_or(u32::MAX),
         queue: queue as u32,
         max_wait_ms: millis(format!("{at}.concurrency.max_wait"), c.max_wait, "1s")?,
         shed_early: c.shed_early,

@@ -417,6 +417,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "must be a multiple of 0.01, got 1.234",
         ),
         (
+            r#"{"shedders":[{"name":"s","concurrency":{"max":99999999999}}]}"#.into(),
+            "shedders[0].concurrency.max",
+            "must be at most 1000000",
+        ),
+        (
             r#"{"circuit_breakers":[{"name":"b","key":{"header":":"}}]}"#.into(),
             "circuit_breakers[0].key.header",
             "is not a valid header name",
