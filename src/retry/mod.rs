@@ -83,10 +83,12 @@ pub fn fits(spec: &BudgetSpec, c: &Counts, now_ms: u64) -> bool {
     lhs <= rhs
 }
 
-/// Retries per 1,000 first tries over the rolling window.
+/// Retries per 1,000 first tries over the rolling window (no first try
+/// counts as one: the figure stays in retries, whatever the window).
 pub fn ratio_permille(c: &Counts, now_ms: u64, window_ms: u64) -> u64 {
     let (tries, retries) = c.rolling(now_ms, window_ms);
-    u64::try_from(retries * 1000 / tries.max(1)).unwrap_or(u64::MAX)
+    let one = u128::from(window_ms).max(1);
+    u64::try_from(retries * 1000 / tries.max(one)).unwrap_or(u64::MAX)
 }
 
 /// A budget and its shared-data key.
@@ -193,6 +195,39 @@ impl Budgets {
             }
             (Err(_), failures) => (RetryVerdict::Admit, 0, failures + 1),
         }
+    }
+
+    /// Takes back a retry budget `b` admitted at `charged_ms` that a later
+    /// budget refused (it never went out): one retry less in the window
+    /// it was counted in, if that is still kept. Returns the store
+    /// failures met.
+    pub fn give_back(&mut self, store: &dyn Store, now_ms: u64, charged_ms: u64, b: usize) -> u32 {
+        let Some(rule) = self.rules.get(b) else {
+            return 0;
+        };
+        let window_ms = rule.spec.window_ms.max(1);
+        let (charged, window) = (charged_ms / window_ms, now_ms / window_ms);
+        let mut corrupt = 0;
+        let result = update(store, &rule.key, self.max_retries, |found| {
+            let Some(mut c) = found.and_then(|e| codec::decode(&e.bytes).ok()) else {
+                corrupt += u32::from(found.is_some());
+                return Update::Keep(());
+            };
+            c = c.at(window);
+            let n = if c.window == charged {
+                &mut c.retries
+            } else if c.window == charged + 1 {
+                &mut c.prev_retries
+            } else {
+                return Update::Keep(());
+            };
+            if *n == 0 {
+                return Update::Keep(());
+            }
+            *n -= 1;
+            Update::Write(codec::encode(&c), ())
+        });
+        corrupt + u32::from(result.is_err())
     }
 
     /// Merges this VM's first tries into the shared state (on every tick);

@@ -110,6 +110,9 @@ impl Stage for RetryStage {
         _stream: StreamId,
         req: &dyn RequestView,
     ) -> Decision {
+        // The budgets that admitted this retry so far: one refusing later
+        // takes their charges back (it never goes out), as rate limits do.
+        let mut admitted: Vec<(usize, u64)> = Vec::new();
         for b in 0..self.budgets.rules.len() {
             let Some(rule) = self.budgets.rules.get(b) else {
                 continue;
@@ -131,6 +134,10 @@ impl Stage for RetryStage {
             cx.record(m.ratio, ratio);
             if verdict == RetryVerdict::Refuse {
                 cx.add(m.refused, 1);
+                for &(a, charged) in &admitted {
+                    let failed = self.budgets.give_back(cx.store(), now, charged, a);
+                    self.count_failures(cx, failed);
+                }
                 let spec = &self.budgets.rules.get(b).map(|r| r.spec.clone());
                 let Some(spec) = spec else {
                     continue;
@@ -138,7 +145,12 @@ impl Stage for RetryStage {
                 let r = super::reply::rejection(&spec.name, spec.status, self.jitter_ns, cx.rng);
                 return Decision::of(Step::Reply(r), false);
             }
-            cx.add(m.admitted, 1);
+            admitted.push((b, now));
+        }
+        for (b, _) in admitted {
+            if let Some(m) = self.metrics.get(b) {
+                cx.add(m.admitted, 1);
+            }
         }
         Decision::pass()
     }

@@ -239,3 +239,41 @@ fn a_retry_decided_while_another_worker_spends_the_allowance_is_refused() {
     }));
     assert_eq!(a.retry(&*store, now, 0).0, RetryVerdict::Refuse);
 }
+
+#[test]
+fn the_ratio_with_no_first_try_counts_one_whatever_the_window() {
+    for window in ["1s", "10s"] {
+        let mut b = budgets(&format!(
+            r#"{{"retry_budgets":[{{"name":"b","ratio":0,"min_per_second":5,"window":"{window}"}}]}}"#
+        ));
+        let store = MemoryStore::default();
+        b.create(&store).expect("created");
+        let (verdict, ratio, _) = b.retry(&store, T0 * 1000, 0);
+        assert_eq!((verdict, ratio), (RetryVerdict::Admit, 1000), "{window}");
+    }
+}
+
+#[test]
+fn a_retry_a_later_budget_refuses_is_given_back_to_the_earlier_one() {
+    let mut b = budgets(
+        r#"{"retry_budgets":[{"name":"p1","ratio":10,"min_per_second":0},
+                             {"name":"p2","ratio":0,"min_per_second":0}]}"#,
+    );
+    let store = MemoryStore::default();
+    b.create(&store).expect("created");
+    let now = T0 * 1000;
+    b.first_try(0);
+    b.flush(&store, now);
+    assert_eq!(b.retry(&store, now, 0).0, RetryVerdict::Admit);
+    assert_eq!(b.retry(&store, now, 1).0, RetryVerdict::Refuse);
+    assert_eq!(b.give_back(&store, now + 5, now, 0), 0);
+    // p1's window holds no retry: its ratio is 0 again, and ten fit.
+    let fit = (0..20)
+        .filter(|_| b.retry(&store, now + 10, 0).0 == RetryVerdict::Admit)
+        .count();
+    assert_eq!(fit, 10);
+    // Nothing to give back: no underflow.
+    let mut fresh = budgets(ONE);
+    fresh.create(&store).expect("created");
+    assert_eq!(fresh.give_back(&store, now, now, 0), 0);
+}

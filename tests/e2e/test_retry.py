@@ -95,3 +95,20 @@ def test_a_budget_in_the_next_envoy_refuses_the_retries_of_the_envoy_before_it()
                for k in ("first_try", "retry_admitted", "retry_refused")}
         assert got == {"first_try": 1, "retry_admitted": 0, "retry_refused": 1}, got
         assert s.upstream_requests() == 1
+
+
+def test_a_retry_a_later_budget_refuses_is_not_charged_to_an_earlier_one():
+    """A retry must fit every budget it matches; refused by the second, it
+    never goes out, and the first gets its allowance back."""
+    cfg = {"retry_budgets": [
+        {"name": "p1", "match": {"path_prefix": "/d"}, "ratio": 1, "min_per_second": 0, "window": "10s"},
+        {"name": "p2", "match": {"path_prefix": "/d/x"}, "ratio": 0, "min_per_second": 0}]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert c.request("/d").status == 200  # one first try: p1 allows one retry
+        s.front.wait_stat(metric("sluice_retry_requests_total", budget="p1", result="first_try"), 1)
+        settle()  # past every worker's tick: the first try is in p1's shared count
+        assert c.request("/d/x", RETRY).status == 429  # p2 refuses it
+        assert c.request("/d", RETRY).status == 200, "p1's one retry was spent on a refused one"
+        assert c.request("/d", RETRY).status == 429  # and now it is spent
+        assert s.front.settled_stat(metric("sluice_retry_requests_total", budget="p1", result="retry_admitted")) == 1
