@@ -154,7 +154,8 @@ impl BulkheadStage {
         slot: Option<u32>,
     ) -> Took {
         let Some(slot) = slot else {
-            self.count(cx, b, |m| m.admitted, 1);
+            // Keyless where the key is skipped: the limit does not apply,
+            // and counts nothing.
             return Took::Yes;
         };
         let wait = self.bulkheads.rules.get(b).and_then(|r| r.spec.wait);

@@ -231,11 +231,14 @@ pub fn millis(field: String, text: Option<String>, default: &str) -> Result<u64,
 }
 
 /// A duration in whole milliseconds that may be 0 (`0`, `0s`), else at
-/// least 1ms.
+/// least 1ms; at most 24 h.
 pub fn millis_or_zero(field: &str, text: String) -> Result<u64, ConfigError> {
     let ns = parse_duration(&text).map_err(|p| err(field, p))?;
     if ns > 0 && ns < NS_PER_MS {
         return Err(err(field, "must be 0 or at least 1ms"));
+    }
+    if ns > MAX_MILLIS_NS {
+        return Err(err(field, "must be at most 24h"));
     }
     whole_millis(field.to_string(), ns)
 }

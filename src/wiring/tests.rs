@@ -422,6 +422,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "must be at most 1000000",
         ),
         (
+            r#"{"deadlines":{"min_remaining":"25h"}}"#.into(),
+            "deadlines.min_remaining",
+            "must be at most 24h",
+        ),
+        (
             r#"{"circuit_breakers":[{"name":"b","key":{"header":":"}}]}"#.into(),
             "circuit_breakers[0].key.header",
             "is not a valid header name",

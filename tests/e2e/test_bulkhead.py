@@ -120,3 +120,15 @@ def test_per_key_concurrency_is_exact_released_on_every_end_and_isolated():
             hog.join(timeout=10)
     finally:
         up.close()
+
+
+def test_a_request_without_the_key_is_not_counted_by_the_limit_it_skips():
+    cfg = {"concurrency_limits": [{"name": "L", "match": {"path_prefix": "/l"}, "key": [{"header": "x-tenant"}],
+                                   "max": 5}]}
+    admitted = metric("sluice_bulkhead_requests_total", limit="L", result="admitted")
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        assert [c.request("/l").status for _ in range(3)] == [200] * 3  # no key: the limit does not apply
+        assert c.request("/l", {"x-tenant": "a"}).status == 200
+        assert s.front.wait_stat(admitted, 1) == 1
+        assert s.front.settled_stat(admitted) == 1
