@@ -36,7 +36,12 @@ pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
         .chain(reason.as_ref().map(|(k, v)| (*k, v.as_str())))
         .chain(tail.into_iter().filter(|(k, _)| !k.is_empty()));
     if log::log_enabled!(log::Level::Debug) {
-        log::debug!("sluice: refused: {}", r.reason());
+        // What the client is told, as the wasm build logs it.
+        if body.is_empty() {
+            log::debug!("sluice: refused: {}", r.grpc_message());
+        } else {
+            log::debug!("sluice: refused: {body}");
+        }
     }
     respond_with(filter, r.status, pairs, &body);
 }

@@ -410,15 +410,4 @@ impl Stage for BreakerStage {
             ((), b.flush(store, now, rng, ev))
         });
     }
-
-    /// The configuration is going away: its breakers' open-keys gauges go
-    /// to 0. Envoy keeps a gauge by its name, and a breaker the next
-    /// configuration lacks would otherwise stay open in it for good
-    /// (`SluiceBreakerOpen` firing for nobody's breaker); one it keeps is
-    /// set again from the store within a second.
-    fn close(&mut self, cx: &mut Cx<'_, '_>) {
-        for m in &self.metrics {
-            cx.record(m.open_keys, 0);
-        }
-    }
 }

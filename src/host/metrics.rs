@@ -25,6 +25,9 @@ std::thread_local! {
     /// `PENDING` by one entry per metric each time; found here, they are
     /// defined once per name.
     static DEFINED: RefCell<BTreeMap<(u8, String), u32>> = const { RefCell::new(BTreeMap::new()) };
+    /// How many of this VM's live configurations define each gauge (by
+    /// Envoy id): one none defines any more is set to 0 ([`release`]).
+    static LIVE: RefCell<BTreeMap<u32, u32>> = const { RefCell::new(BTreeMap::new()) };
 }
 
 /// Adds `by` to a counter or gauge, handed to Envoy at the next `flush`.
@@ -63,10 +66,52 @@ fn add_count(id: u32, n: u64) {
 /// Defines (or finds) every metric of a registry in this VM; Envoy's ids,
 /// indexed by the core's. A name this VM defined before keeps its id.
 pub fn define(reg: &Registry) -> Vec<u32> {
-    reg.defs
+    let ids: Vec<u32> = reg
+        .defs
         .iter()
         .map(|d| define_one(d.kind, &d.name))
-        .collect()
+        .collect();
+    LIVE.with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            for id in gauges(reg, &ids) {
+                *l.entry(id).or_default() += 1;
+            }
+        }
+    });
+    ids
+}
+
+/// The Envoy ids of a registry's gauges.
+fn gauges<'a>(reg: &'a Registry, ids: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+    reg.defs
+        .iter()
+        .zip(ids)
+        .filter(|(d, _)| d.kind == Kind::Gauge)
+        .map(|(_, &id)| id)
+}
+
+/// A configuration (`define`'s registry and ids) goes away: its gauges
+/// that no other live configuration of this VM defines go to 0. Envoy
+/// keeps a gauge by its name for the process's life, and one of a
+/// mechanism the next configuration lacks (a breaker open, a global
+/// rule on its backstop, a retry ratio) would otherwise read as it last
+/// was, for good; one the next configuration keeps is left to it.
+pub fn release(reg: &Registry, ids: &[u32]) {
+    LIVE.with(|l| {
+        let Ok(mut l) = l.try_borrow_mut() else {
+            return;
+        };
+        for id in gauges(reg, ids) {
+            let Some(n) = l.get_mut(&id) else {
+                continue;
+            };
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                l.remove(&id);
+                let _ = hostcalls::record_metric(id, 0);
+            }
+        }
+    });
 }
 
 fn define_one(kind: Kind, name: &str) -> u32 {

@@ -188,14 +188,18 @@ impl Plugin {
 }
 
 /// A configuration going away (replaced, or the plugin removed) gives its
-/// leased concurrency slots back (the next configuration may share them)
-/// and hands its last metric changes to Envoy.
+/// leased concurrency slots back (the next configuration may share them),
+/// hands its last metric changes to Envoy and sets the gauges no other
+/// configuration defines to 0.
 impl Drop for Plugin {
     fn drop(&mut self) {
         if let Some(out) = self.call(|p, env| p.close(env)) {
             self.apply(out, None);
         }
         metrics::flush();
+        if let Ok(p) = self.pipeline.try_borrow() {
+            metrics::release(&p.metrics, &self.ids);
+        }
     }
 }
 

@@ -334,3 +334,32 @@ def test_a_breaker_removed_while_open_leaves_no_open_keys_gauge_behind():
         assert s.front.stats("sluice_cb_open_keys").get(gone, 0) == 0
         assert s.front.stat(kept) == 1
         assert http1.get(s.port, "/").status == 503, "the kept breaker is still open"
+
+
+def test_the_gauges_of_mechanisms_a_configuration_drops_come_down():
+    """A retry budget's ratio and an adaptive shedder's limit and floor
+    read 0 (the wasm build) or are gone (the native build's go with their
+    configuration) once the configuration no longer has them; dashboards
+    would show their last values for good."""
+    conf = {"retry_budgets": [{"name": "rb", "ratio": 1.0, "min_per_second": 0, "window": "10s"}],
+            "shedders": [{"name": "ad", "concurrency": {"max": "auto"}}]}
+    gauges = [metric("sluice_retry_ratio_permille", budget="rb"), metric("sluice_shed_limit", shedder="ad")]
+    with EcdsStack(conf) as s:
+        c = http1.Conn(s.port)
+        for _ in range(4):
+            c.request("/")
+        c.request("/", {"x-envoy-attempt-count": "2"})
+        for g in gauges:
+            s.front.wait_stat(g, lambda v: v > 0)
+        s.push({"rate_limits": [{"name": "other", "match": {"path_prefix": "/zzz"},
+                                 "bucket": {"rate": 1000, "period": "1s"}}]})
+        s.wait_stat("update_success", 2)
+        for _ in range(10):
+            http1.get(s.port, "/")
+
+        def down():
+            stats = s.front.stats("sluice_")
+            return all(stats.get(g, 0) == 0 for g in gauges)
+        wait_until(down, UPDATE_TIMEOUT, "the dropped mechanisms' gauges at 0 or gone")
+        time.sleep(1.5)  # past every worker's next ticks
+        assert down(), s.front.stats("sluice_")

@@ -308,3 +308,11 @@ def test_a_shadow_rule_never_shows_in_an_admitted_requests_headers():
         assert [r.status for r in got] == [200] * 4
         assert [r.header("ratelimit").split(";")[:2] for r in got] == \
             [['"en"', f"r={n}"] for n in (99, 98, 97, 96)], [r.headers for r in got]
+
+
+def test_a_refusal_is_logged_at_debug_with_what_the_client_is_told():
+    cfg = {"rate_limits": [{"name": "r", "bucket": {"rate": 1, "period": "1h", "burst": 1}}]}
+    with Stack(cfg, log_level="debug") as s:
+        c = http1.Conn(s.port)
+        assert [c.request("/").status for _ in range(2)] == [200, 429]
+        assert 'sluice: refused: {"error":"rate_limited","rule":"r"' in s.front.logs()
