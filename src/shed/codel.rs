@@ -39,6 +39,9 @@ pub struct Codel {
     shed_in_interval: bool,
     /// Latency mode: a probe was let through in this interval.
     probed: bool,
+    /// Latency mode: a request other than a probe was let through in this
+    /// interval.
+    passed: bool,
     /// Latency mode: the last interval had no sample (everything was shed).
     starved: bool,
     /// Latency mode: requests let through and not answered yet.
@@ -58,6 +61,7 @@ impl Codel {
             saw_empty: false,
             shed_in_interval: false,
             probed: false,
+            passed: false,
             starved: false,
             in_flight: 0,
         }
@@ -92,6 +96,9 @@ impl Codel {
             && !idle
             && self.min_in_interval.is_none()
             && (self.shed_in_interval || self.in_flight > 0);
+        // Everything was shed but probes: the next interval probes too (a
+        // probe answered within its interval is not traffic let through).
+        let shed_all = self.shed_in_interval && (unmeasured || !self.passed);
         self.starved = unmeasured && self.overloaded && self.shed_in_interval;
         if unmeasured {
             self.reset_interval(now_ms, elapsed);
@@ -101,6 +108,7 @@ impl Codel {
             // Latency mode, answers late: the span closes as one interval.
             self.last_min = self.min_in_interval;
             self.overloaded = self.last_min.is_some_and(|m| m > self.target_ms);
+            self.starved = self.overloaded && shed_all;
             self.reset_interval(now_ms, elapsed);
             return (before != self.overloaded).then_some(self.overloaded);
         }
@@ -115,6 +123,7 @@ impl Codel {
         } else {
             standing
         };
+        self.starved = !self.exit_on_empty && !idle && self.overloaded && shed_all;
         self.reset_interval(now_ms, elapsed);
         (before != self.overloaded).then_some(self.overloaded)
     }
@@ -124,6 +133,7 @@ impl Codel {
         self.saw_empty = false;
         self.shed_in_interval = false;
         self.probed = false;
+        self.passed = false;
         self.interval_start = now_ms - elapsed % self.interval_ms;
     }
 
@@ -165,6 +175,7 @@ impl Codel {
     pub fn shed_on_arrival(&mut self, now_ms: u64, class: Class) -> bool {
         self.roll(now_ms);
         let Some(delay) = self.last_min else {
+            self.passed = true;
             return false;
         };
         let shed = self.overloaded
@@ -179,6 +190,8 @@ impl Codel {
         }
         if shed {
             self.shed_in_interval = true;
+        } else {
+            self.passed = true;
         }
         shed
     }

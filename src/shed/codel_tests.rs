@@ -111,6 +111,34 @@ fn codel_latency_overload_holds_while_everything_is_shed_and_probes_find_recover
 }
 
 #[test]
+fn codel_latency_probes_every_interval_while_each_probe_is_answered_within_its_own() {
+    let mut c = Codel::new(5, 100, T0, false);
+    for t in (0..100).step_by(10) {
+        c.observe(T0 + t, 195);
+    }
+    c.roll(T0 + 100);
+    // Everything shed; each probe's slow answer (40 ms over the floor)
+    // comes back 40 ms later, within the interval it went out in.
+    let mut probes = vec![];
+    let mut answer_at = None;
+    for t in (100..1_000).step_by(5) {
+        if answer_at == Some(t) {
+            c.finished();
+            c.observe(T0 + t, 40);
+            answer_at = None;
+        }
+        if !c.shed_on_arrival(T0 + t, Class::Sheddable) {
+            c.started();
+            probes.push(t);
+            answer_at = Some(t + 40);
+        }
+        assert!(c.overloaded, "overload ended at {t}");
+    }
+    // From the second interval all was shed in on, one probe in each.
+    assert_eq!(probes, (200..1_000).step_by(100).collect::<Vec<_>>());
+}
+
+#[test]
 fn codel_latency_gaps_while_answers_are_awaited_are_not_idleness() {
     let mut c = Codel::new(5, 100, T0, false);
     // Eight requests go out; a 200 ms upstream answers them all at once.

@@ -240,6 +240,32 @@ def test_latency_mode_overload_holds_while_everything_is_shed():
     assert max(admitted.values(), default=0) < 0.5, admitted
 
 
+def test_latency_mode_probes_once_an_interval_while_all_is_shed():
+    """One connection (one worker), all traffic sheddable, the upstream
+    40 ms over its floor: while everything else is shed, a probe goes
+    through in every 100 ms interval, though each is answered within the
+    interval it went out in (and so measured it)."""
+    from harness import Stack
+    cfg = {"shedders": [{"name": "lat", "priority": {"default": "sheddable"},
+                         "latency": {"floor_window": "30s"}, "target": "5ms", "interval": "100ms"}]}
+    with Stack(cfg) as s:
+        c = http1.Conn(s.port)
+        for _ in range(20):
+            assert c.request("/").status == 200
+        slow = {"x-envoy-fault-delay-request": "40"}
+        got, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            got.append((time.monotonic() - t0, c.request("/", slow).status))
+        c.close()
+    first = min((t for t, st in got if st == 503), default=None)
+    assert first is not None, "no shedding with the upstream 40 ms over its floor"
+    late = [(t, st) for t, st in got if t >= first + 0.3]
+    span = late[-1][0] - late[0][0]
+    passed = sum(1 for _, st in late if st == 200)
+    # One per interval; at most one more where an interval boundary falls.
+    assert 0.8 * span * 10 <= passed <= span * 10 + 2, (passed, round(span, 2))
+
+
 def connections_by_worker(s, want, limit=200):
     """Opens keep-alive connections until `want` = {worker: n} are placed;
     which worker took a connection shows in its listener stats."""
