@@ -42,7 +42,7 @@ pub struct Codel {
     /// Latency mode: a request other than a probe was let through in this
     /// interval.
     passed: bool,
-    /// Latency mode: the last interval had no sample (everything was shed).
+    /// Latency mode: the last interval shed everything but probes.
     starved: bool,
     /// Latency mode: requests let through and not answered yet.
     in_flight: u64,
