@@ -99,8 +99,8 @@ impl Codel {
         // Everything was shed but probes: the next interval probes too (a
         // probe answered within its interval is not traffic let through).
         let shed_all = self.shed_in_interval && (unmeasured || !self.passed);
-        self.starved = unmeasured && self.overloaded && self.shed_in_interval;
         if unmeasured {
+            self.starved = self.overloaded && shed_all;
             self.reset_interval(now_ms, elapsed);
             return None;
         }
@@ -123,7 +123,8 @@ impl Codel {
         } else {
             standing
         };
-        self.starved = !self.exit_on_empty && !idle && self.overloaded && shed_all;
+        // Read in latency mode only, where an idle gap is no overload.
+        self.starved = self.overloaded && shed_all;
         self.reset_interval(now_ms, elapsed);
         (before != self.overloaded).then_some(self.overloaded)
     }
