@@ -7,6 +7,17 @@ use super::*;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+/// Latency mode, target 5 ms, interval 100 ms: overloaded by an interval
+/// of responses `delay_ms` over the floor.
+fn latency_overloaded(delay_ms: u64) -> Codel {
+    let mut c = Codel::new(5, 100, T0, false);
+    for t in (0..100).step_by(10) {
+        c.observe(T0 + t, delay_ms);
+    }
+    c.roll(T0 + 100);
+    c
+}
+
 #[test]
 fn codel_enters_stays_and_leaves_on_the_interval_minimum() {
     let mut c = Codel::new(5, 100, T0, false);
@@ -53,11 +64,7 @@ fn codel_in_queue_mode_leaves_overload_only_when_the_queue_empties() {
 
 #[test]
 fn codel_never_sheds_the_first_sample_after_an_idle_period() {
-    let mut c = Codel::new(5, 100, T0, false);
-    for t in (0..100).step_by(10) {
-        c.observe(T0 + t, 40);
-    }
-    c.roll(T0 + 100);
+    let mut c = latency_overloaded(40);
     assert!(c.overloaded);
     // Nothing for a second, then a request: not overloaded any more.
     assert_eq!(c.observe(T0 + 1_100, 40), Some(false));
@@ -87,11 +94,7 @@ fn codel_arrival_shedding_respects_priorities() {
 
 #[test]
 fn codel_latency_overload_holds_while_everything_is_shed_and_probes_find_recovery() {
-    let mut c = Codel::new(5, 100, T0, false);
-    for t in (0..100).step_by(10) {
-        c.observe(T0 + t, 195);
-    }
-    c.roll(T0 + 100);
+    let mut c = latency_overloaded(195);
     assert!(c.overloaded);
     // Every request is shed for a while: no response, no sample.
     for t in (100..1_000).step_by(5) {
@@ -112,11 +115,7 @@ fn codel_latency_overload_holds_while_everything_is_shed_and_probes_find_recover
 
 #[test]
 fn codel_latency_probes_every_interval_while_each_probe_is_answered_within_its_own() {
-    let mut c = Codel::new(5, 100, T0, false);
-    for t in (0..100).step_by(10) {
-        c.observe(T0 + t, 195);
-    }
-    c.roll(T0 + 100);
+    let mut c = latency_overloaded(195);
     // Everything shed; each probe's slow answer (40 ms over the floor)
     // comes back 40 ms later, within the interval it went out in.
     let mut probes = vec![];
