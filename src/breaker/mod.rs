@@ -79,6 +79,11 @@ pub enum Transition {
     Reopened { open_ms: u64 },
 }
 
+/// The earliest useful retry told to a request refused by a half-open
+/// breaker whose probes are all out: a probe's answer usually comes within
+/// it (its `probe_timeout` may be far later).
+pub const HALF_OPEN_RETRY_MS: u64 = 1000;
+
 /// Whether a request may go to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
@@ -279,7 +284,7 @@ impl State {
                 Admit::TryProbe
             }
             Phase::HalfOpen => Admit::FailFast {
-                retry_after_ms: 1000,
+                retry_after_ms: HALF_OPEN_RETRY_MS,
             },
         }
     }

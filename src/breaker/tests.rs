@@ -414,11 +414,18 @@ fn probes_across_vms(remembering: bool) {
     let mut probes = Vec::new();
     for round in 0..5 {
         for (v, view) in vm.iter_mut().zip(&views) {
-            if let Check::Pass(t) = v
+            match v
                 .check(&**view, later + round, &to("a"), &mut rng, &mut ev)
                 .0
             {
-                probes.push(t);
+                Check::Pass(t) => probes.push(t),
+                // Every probe out: a retry in a second, not at once.
+                Check::FailFast {
+                    retry_after_ms,
+                    half_open,
+                    ..
+                } => assert_eq!((retry_after_ms, half_open), (1000, true)),
+                other => panic!("{other:?}"),
             }
         }
     }

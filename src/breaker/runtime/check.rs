@@ -4,7 +4,7 @@
 //! the request claimed at the other breakers.
 
 use super::{Breakers, CallOutcome, Check, Event, Ticket, Tickets};
-use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase};
+use crate::breaker::{Admit, BreakerKey, BreakerSpec, Phase, HALF_OPEN_RETRY_MS};
 use crate::hash::Keyed;
 use crate::request::{Attribute, RequestView};
 use crate::rng::SplitMix;
@@ -112,7 +112,7 @@ impl Breakers {
                     continue;
                 }
                 One::Open { retry_after_ms } => (retry_after_ms, false),
-                One::NoProbeLeft => (0, true),
+                One::NoProbeLeft => (HALF_OPEN_RETRY_MS, true),
                 One::StoreDown => (STORE_DOWN_RETRY_MS, false),
             };
             failures += self.give_back(store, now_ms, tickets, rng, events);
