@@ -269,6 +269,36 @@ impl Shedders {
         }
     }
 
+    /// With `max: "auto"`, a request that has to wait before the limit has
+    /// learned a floor (no response in the floor's window: a new shedder,
+    /// or one idle that long) puts this worker's CoDel in overload at once.
+    /// The limit is still its initial guess, and a queue behind a guess is
+    /// no burst to let drain: under a steady demand over the limit, CoDel
+    /// would judge it only at the end of its first full interval, 100 to
+    /// 200 ms of queue at the start of every run (the steady cell of
+    /// `bench/adaptive_matrix.py`: a p99 of 62 ms against 48 ms after the
+    /// first second). Overload then ends as usual: after an interval that
+    /// admits a request without waiting and sheds none.
+    fn overload_while_learning(
+        &mut self,
+        s: ShedderId,
+        now_ms: u64,
+        conc: &config::ConcurrencySpec,
+    ) {
+        if conc.adaptive.is_none() {
+            return;
+        }
+        let Some(l) = self.local_mut(s) else {
+            return;
+        };
+        if !l.auto.as_ref().is_some_and(|a| a.floor_us().is_none()) {
+            return;
+        }
+        if let Some(state) = l.codel.overload(now_ms) {
+            self.report.changes.push((s, state));
+        }
+    }
+
     /// Queues a waiter, or sheds it (or, when the queue is full, another
     /// waiter to make room: see `full_queue_victim`).
     pub(super) fn enqueue(
@@ -279,6 +309,7 @@ impl Shedders {
         q: Queued,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
+        self.overload_while_learning(s, q.since_ms, conc);
         let shares = self.shares(s);
         let by_class = shares.is_none();
         let Some(l) = self.local_mut(s) else {

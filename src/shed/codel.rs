@@ -147,6 +147,19 @@ impl Codel {
         changed
     }
 
+    /// Enters overload now, without waiting for an interval to judge the
+    /// queue (see `Shedders::overload_while_learning`). Returns `Some(true)`
+    /// when the state changed.
+    pub fn overload(&mut self, now_ms: u64) -> Option<bool> {
+        let rolled = self.roll(now_ms);
+        if self.overloaded {
+            return rolled;
+        }
+        self.overloaded = true;
+        // Left overload in that roll and back now: no change.
+        rolled.is_none().then_some(true)
+    }
+
     /// Records that a request had to be shed (queue mode: overload goes on).
     pub fn shed(&mut self, now_ms: u64) -> Option<bool> {
         let changed = self.roll(now_ms);

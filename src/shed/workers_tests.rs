@@ -703,6 +703,77 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     assert_eq!(c.limit(S0), a.limit(S0));
 }
 
+/// `max: "auto"` with a limit of 3 (and of 1 with `min`), target 5 ms.
+const AUTO: &str = r#"{"shedders":[{"name":"a","concurrency":{"max":"auto","queue":100,
+    "adaptive":{"min":1,"max":50,"initial":3,"interval":"100ms"}}}]}"#;
+
+#[test]
+fn a_queue_behind_an_adaptive_limit_that_learned_nothing_is_overload_at_once() {
+    let (mut a, store) = shedders(AUTO);
+    for id in 0..3 {
+        assert_eq!(
+            a.arrive(&store, T0, 0, id, Class::Default),
+            Arrival::Admit { slot: true }
+        );
+    }
+    assert!(!a.overloaded(S0));
+    // The fourth waits behind the initial guess: overload now, not at the
+    // end of CoDel's first full interval.
+    let got = a.arrive(&store, T0 + 1, 0, 3, Class::Default);
+    assert_eq!(got, Arrival::Queue { evicted: None });
+    assert!(a.overloaded(S0));
+    // A sheddable arrival is shed at once, a default waiter after
+    // 2 x target of waiting.
+    assert_eq!(
+        a.arrive(&store, T0 + 1, 0, 4, Class::Sheddable),
+        Arrival::Shed
+    );
+    assert!(a.wake(&store, T0 + 10, 0).is_empty());
+    assert!(a
+        .wake(&store, T0 + 12, 0)
+        .iter()
+        .any(|w| matches!(w, Wake::Shed { waiter } if waiter.id == 3)));
+    // The slots free, the queue is empty: an interval that admits without
+    // waiting and sheds nothing ends the overload.
+    for _ in 0..3 {
+        a.release(&store, 0);
+    }
+    let mut now = T0 + 300;
+    for id in 10..13 {
+        a.arrive(&store, now, 0, id, Class::Default);
+        a.release(&store, 0);
+        now += 50;
+    }
+    a.wake(&store, now + 100, 0);
+    assert!(!a.overloaded(S0));
+}
+
+#[test]
+fn once_the_limit_has_a_floor_a_queue_waits_for_codel_to_judge_it() {
+    let (mut a, store) = shedders(AUTO);
+    // Responses at 20 ms learned on the tick: the limit has a floor.
+    for _ in 0..5 {
+        a.sample(S0, 20_000, T0);
+    }
+    a.adapt(&store, T0 + 1);
+    assert_eq!(a.floor_us(S0), Some(20_000));
+    let limit = a.limit(S0).expect("a limit");
+    for id in 0..limit as u32 {
+        assert_eq!(
+            a.arrive(&store, T0 + 2, 0, id, Class::Default),
+            Arrival::Admit { slot: true }
+        );
+    }
+    let got = a.arrive(&store, T0 + 2, 0, 99, Class::Default);
+    assert_eq!(got, Arrival::Queue { evicted: None });
+    assert!(!a.overloaded(S0));
+    // A default waiter waits past 2 x target: CoDel has not judged yet.
+    assert!(!a
+        .wake(&store, T0 + 20, 0)
+        .iter()
+        .any(|w| matches!(w, Wake::Shed { .. })));
+}
+
 #[test]
 fn a_release_on_a_worker_whose_clock_is_old_still_wakes_the_waiters_worker() {
     // A release comes without the time: a's clock is from its last
