@@ -291,7 +291,7 @@ impl Shedders {
         let Some(l) = self.local_mut(s) else {
             return;
         };
-        if !l.auto.as_ref().is_some_and(|a| a.floor_us().is_none()) {
+        if l.auto.as_ref().is_none_or(|a| a.floor_us().is_some()) {
             return;
         }
         if let Some(state) = l.codel.overload(now_ms) {
