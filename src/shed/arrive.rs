@@ -279,18 +279,11 @@ impl Shedders {
     /// `bench/adaptive_matrix.py`: a p99 of 62 ms against 48 ms after the
     /// first second). Overload then ends as usual: after an interval that
     /// admits a request without waiting and sheds none.
-    fn overload_while_learning(
-        &mut self,
-        s: ShedderId,
-        now_ms: u64,
-        conc: &config::ConcurrencySpec,
-    ) {
-        if conc.adaptive.is_none() {
-            return;
-        }
+    fn overload_while_learning(&mut self, s: ShedderId, now_ms: u64) {
         let Some(l) = self.local_mut(s) else {
             return;
         };
+        // `auto` is there with `max: "auto"` only.
         if l.auto.as_ref().is_none_or(|a| a.floor_us().is_some()) {
             return;
         }
@@ -309,7 +302,7 @@ impl Shedders {
         q: Queued,
         conc: &config::ConcurrencySpec,
     ) -> Arrival {
-        self.overload_while_learning(s, q.since_ms, conc);
+        self.overload_while_learning(s, q.since_ms);
         let shares = self.shares(s);
         let by_class = shares.is_none();
         let Some(l) = self.local_mut(s) else {

@@ -703,7 +703,7 @@ fn an_adaptive_limit_is_learned_by_all_workers_from_everyones_samples() {
     assert_eq!(c.limit(S0), a.limit(S0));
 }
 
-/// `max: "auto"` with a limit of 3 (and of 1 with `min`), target 5 ms.
+/// `max: "auto"` starting at a limit of 3 (`min` 1), CoDel's target 5 ms.
 const AUTO: &str = r#"{"shedders":[{"name":"a","concurrency":{"max":"auto","queue":100,
     "adaptive":{"min":1,"max":50,"initial":3,"interval":"100ms"}}}]}"#;
 
