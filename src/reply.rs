@@ -14,6 +14,7 @@
 //! spread over whole seconds.
 
 use crate::duration::NS_PER_S;
+use crate::header::HeaderValue;
 use crate::rng::SplitMix;
 use crate::time::Duration;
 use std::rc::Rc;
@@ -22,7 +23,8 @@ use std::rc::Rc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
+    /// Values inline (see [`HeaderValue`]): one allocation for the list.
+    pub headers: Vec<(&'static str, HeaderValue)>,
     /// For gRPC requests: this grpc-status and [`Rejection::grpc_message`]
     /// instead of the status and [`Rejection::body`].
     pub grpc_status: u32,
@@ -63,6 +65,12 @@ impl Rejection {
     /// The JSON body of an HTTP refusal.
     pub fn body(&self) -> String {
         let mut b = String::with_capacity(128);
+        self.write_body(&mut b);
+        b
+    }
+
+    /// Appends [`Rejection::body`] to `b` (a host may reuse one buffer).
+    pub fn write_body(&self, b: &mut String) {
         match &self.detail {
             Detail::RateLimited {
                 rule,
@@ -70,11 +78,11 @@ impl Rejection {
                 retry_after_s,
             } => {
                 b.push_str("{\"error\":\"rate_limited\",\"rule\":");
-                push_json_str(&mut b, rule);
+                push_json_str(b, rule);
                 b.push_str(",\"retry_after_ms\":");
-                push_decimal(&mut b, *wait_ms);
+                push_decimal(b, *wait_ms);
                 b.push_str(",\"retry_after_s\":");
-                push_decimal(&mut b, *retry_after_s);
+                push_decimal(b, *retry_after_s);
             }
             Detail::CircuitOpen {
                 breaker,
@@ -83,13 +91,13 @@ impl Rejection {
                 retry_after_s,
             } => {
                 b.push_str("{\"error\":\"circuit_open\",\"breaker\":");
-                push_json_str(&mut b, breaker);
+                push_json_str(b, breaker);
                 b.push_str(",\"state\":\"");
                 b.push_str(circuit_state(*half_open));
                 b.push_str("\",\"retry_after_ms\":");
-                push_decimal(&mut b, *wait_ms);
+                push_decimal(b, *wait_ms);
                 b.push_str(",\"retry_after_s\":");
-                push_decimal(&mut b, *retry_after_s);
+                push_decimal(b, *retry_after_s);
             }
             Detail::Shed {
                 shedder,
@@ -97,16 +105,18 @@ impl Rejection {
                 retry_after_s,
             } => {
                 b.push_str("{\"error\":\"overloaded\",\"shedder\":");
-                push_json_str(&mut b, shedder);
+                push_json_str(b, shedder);
                 b.push_str(",\"priority\":");
-                push_json_str(&mut b, priority);
+                push_json_str(b, priority);
                 b.push_str(",\"retry_after_s\":");
-                push_decimal(&mut b, *retry_after_s);
+                push_decimal(b, *retry_after_s);
             }
-            Detail::Text { body, .. } => return body.clone(),
+            Detail::Text { body, .. } => {
+                b.push_str(body);
+                return;
+            }
         }
         b.push('}');
-        b
     }
 
     /// The message of a gRPC refusal.
@@ -161,21 +171,10 @@ pub fn decimal(n: u64) -> String {
     n.to_string()
 }
 
-/// Appends `n` in decimal.
-pub fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    for d in digits.iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
-        start -= 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Digits: pushed as chars, with no UTF-8 check to pay for.
-    let digits = digits.get(start..).unwrap_or_default();
-    out.extend(digits.iter().map(|&d| char::from(d)));
+/// Appends `n` in decimal (two digits at a time, see
+/// [`HeaderValue::decimal`]).
+pub fn push_decimal(out: &mut String, n: u64) {
+    out.push_str(HeaderValue::decimal(n).as_str());
 }
 
 /// gRPC status RESOURCE_EXHAUSTED (rate limited).
@@ -393,6 +392,9 @@ mod tests {
         }
         for n in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
             assert_eq!(decimal(n), n.to_string());
+            let mut out = String::from("x");
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
         }
     }
 

@@ -87,6 +87,11 @@ impl Header {
     };
 
     pub fn of(key: &str, value: &str) -> Header {
+        Header::bytes(key, value.as_bytes())
+    }
+
+    /// A header whose value is bytes (sent as they are).
+    pub fn bytes(key: &str, value: &[u8]) -> Header {
         Header {
             key_ptr: key.as_ptr(),
             key_len: key.len(),

@@ -7,10 +7,18 @@
 use crate::abi::{self, Buffer, FilterPtr, Header};
 use crate::adapter::Rejection;
 use crate::views;
+use sluice::header::HeaderValue;
 use sluice::reply::is_grpc_content_type;
+use std::cell::RefCell;
 
 /// Most headers a reply sends without a heap allocation for their list.
 const INLINE_HEADERS: usize = 12;
+
+thread_local! {
+    /// The buffer refusals' JSON bodies are written into, one per worker
+    /// thread: a refusal allocates none.
+    static BODY: RefCell<String> = RefCell::new(String::with_capacity(256));
+}
 
 /// Answers the stream with a refusal.
 pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
@@ -18,23 +26,46 @@ pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
         is_grpc_content_type(v)
     })
     .unwrap_or(false);
+    if grpc {
+        let status = HeaderValue::decimal(u64::from(r.grpc_status));
+        let message = percent_encode(&r.grpc_message());
+        let tail = [
+            ("grpc-status", status.as_bytes()),
+            ("grpc-message", message.as_bytes()),
+        ];
+        send_with(filter, r, reason_header, tail, "");
+        return;
+    }
+    let json = [("content-type", &b"application/json"[..])];
+    // A reply re-entering this one (none does) would get its own buffer.
+    let sent = BODY.with(|cell| {
+        let mut body = cell.try_borrow_mut().ok()?;
+        body.clear();
+        r.write_body(&mut body);
+        send_with(filter, r, reason_header, json, &body);
+        Some(())
+    });
+    if sent.is_none() {
+        send_with(filter, r, reason_header, json, &r.body());
+    }
+}
+
+/// Sends refusal `r` with its headers, the reason header if configured,
+/// then `tail`, and `body` (empty: a gRPC refusal, logged by its message).
+fn send_with<const N: usize>(
+    filter: FilterPtr,
+    r: &Rejection,
+    reason_header: Option<&str>,
+    tail: [(&str, &[u8]); N],
+    body: &str,
+) {
     let reason = reason_header.map(|name| (name, r.reason()));
-    let (status, message, body);
-    let tail: [(&str, &str); 2] = if grpc {
-        status = sluice::reply::decimal(u64::from(r.grpc_status));
-        message = percent_encode(&r.grpc_message());
-        body = String::new();
-        [("grpc-status", &status), ("grpc-message", &message)]
-    } else {
-        body = r.body();
-        [("content-type", "application/json"), ("", "")]
-    };
     let pairs = r
         .headers
         .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .chain(reason.as_ref().map(|(k, v)| (*k, v.as_str())))
-        .chain(tail.into_iter().filter(|(k, _)| !k.is_empty()));
+        .map(|(k, v)| (*k, v.as_bytes()))
+        .chain(reason.as_ref().map(|(k, v)| (*k, v.as_bytes())))
+        .chain(tail);
     if log::log_enabled!(log::Level::Debug) {
         // What the client is told, as the wasm build logs it.
         if body.is_empty() {
@@ -43,12 +74,17 @@ pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
             log::debug!("sluice: refused: {body}");
         }
     }
-    respond_with(filter, r.status, pairs, &body);
+    respond_with(filter, r.status, pairs, body);
 }
 
 /// Sends a local reply of `status` with these headers and body.
 pub fn respond(filter: FilterPtr, status: u32, pairs: &[(&str, &str)], body: &str) {
-    respond_with(filter, status, pairs.iter().copied(), body);
+    respond_with(
+        filter,
+        status,
+        pairs.iter().map(|&(k, v)| (k, v.as_bytes())),
+        body,
+    );
 }
 
 /// `respond` over any list of headers: up to [`INLINE_HEADERS`] of them
@@ -56,7 +92,7 @@ pub fn respond(filter: FilterPtr, status: u32, pairs: &[(&str, &str)], body: &st
 fn respond_with<'a>(
     filter: FilterPtr,
     status: u32,
-    pairs: impl Iterator<Item = (&'a str, &'a str)>,
+    pairs: impl Iterator<Item = (&'a str, &'a [u8])>,
     body: &str,
 ) {
     let mut inline = [Header::EMPTY; INLINE_HEADERS];
@@ -64,12 +100,12 @@ fn respond_with<'a>(
     let mut n = 0;
     for (k, v) in pairs {
         match inline.get_mut(n) {
-            Some(h) if spilled.is_empty() => *h = Header::of(k, v),
+            Some(h) if spilled.is_empty() => *h = Header::bytes(k, v),
             _ => {
                 if spilled.is_empty() {
                     spilled.extend(inline.iter().copied());
                 }
-                spilled.push(Header::of(k, v));
+                spilled.push(Header::bytes(k, v));
             }
         }
         n += 1;

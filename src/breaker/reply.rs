@@ -1,6 +1,7 @@
 //! What a client refused by an open breaker sees.
 
-use crate::reply::{decimal, json_str, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
+use crate::header::HeaderValue;
+use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
 use crate::time::Duration;
 
@@ -24,8 +25,8 @@ pub fn rejection(
     Rejection {
         status,
         headers: vec![
-            ("retry-after", decimal(retry_after)),
-            ("x-sluice-circuit", state.to_string()),
+            ("retry-after", HeaderValue::decimal(retry_after)),
+            ("x-sluice-circuit", state.into()),
         ],
         grpc_status: GRPC_UNAVAILABLE,
         detail: Detail::CircuitOpen {
@@ -49,7 +50,10 @@ pub fn throttled(
     let retry_after = retry_after_secs(Duration::from_secs(1), Duration::from_ns(spread_ns), rng);
     Rejection {
         status,
-        headers: vec![("retry-after", retry_after.to_string()), ("x-sluice-circuit", "throttled".to_string())],
+        headers: vec![
+            ("retry-after", HeaderValue::decimal(retry_after)),
+            ("x-sluice-circuit", "throttled".into()),
+        ],
         grpc_status: GRPC_UNAVAILABLE,
         detail: Detail::Text {
             body: format!(

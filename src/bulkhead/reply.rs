@@ -2,6 +2,7 @@
 //! `Retry-After`, `x-sluice-bulkhead: full`, a JSON body naming the limit,
 //! or gRPC RESOURCE_EXHAUSTED.
 
+use crate::header::HeaderValue;
 use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
 use crate::time::Duration;
@@ -18,8 +19,8 @@ pub fn rejection(
     Rejection {
         status,
         headers: vec![
-            ("retry-after", retry_after.to_string()),
-            ("x-sluice-bulkhead", "full".to_string()),
+            ("retry-after", HeaderValue::decimal(retry_after)),
+            ("x-sluice-bulkhead", "full".into()),
         ],
         grpc_status: GRPC_RESOURCE_EXHAUSTED,
         detail: Detail::Text {

@@ -169,7 +169,7 @@ pub const GRPC_DEADLINE_EXCEEDED: u32 = 4;
 pub fn rejection(by: &str, status: u32, remaining_ms: u64) -> Rejection {
     Rejection {
         status,
-        headers: vec![("x-sluice-deadline", "exceeded".to_string())],
+        headers: vec![("x-sluice-deadline", "exceeded".into())],
         grpc_status: GRPC_DEADLINE_EXCEEDED,
         detail: Detail::Text {
             body: format!(

@@ -8,7 +8,7 @@ use crate::config::{HeaderStyle, ResponseSpec};
 use crate::duration::{NS_PER_MS, NS_PER_S};
 use crate::header::{HeaderValue, Headers};
 use crate::reply::{
-    ceil_secs, decimal, push_decimal, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED,
+    ceil_secs, push_decimal, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED,
 };
 use crate::rng::SplitMix;
 use crate::time::Duration;
@@ -89,7 +89,7 @@ pub fn action(
             let wait_ms = wait_ns.div_ceil(NS_PER_MS);
             // Retry-After and at most 5 rate-limit headers, in one allocation.
             let mut headers = Vec::with_capacity(6);
-            headers.push(("retry-after", decimal(retry_after)));
+            headers.push(("retry-after", HeaderValue::decimal(retry_after)));
             if let Some(report) = eval.reports.iter().find(|r| r.rule == rule) {
                 rate_headers(
                     &mut headers,
@@ -117,26 +117,16 @@ pub fn action(
 /// A list rate-limit headers are appended to: a refusal's, or an admitted
 /// request's (values inline, see [`Headers`]).
 trait HeaderList {
-    type Value: From<String>;
-    fn decimal(n: u64) -> Self::Value;
-    fn push(&mut self, name: &'static str, value: Self::Value);
+    fn push(&mut self, name: &'static str, value: HeaderValue);
 }
 
-impl HeaderList for Vec<(&'static str, String)> {
-    type Value = String;
-    fn decimal(n: u64) -> String {
-        decimal(n)
-    }
-    fn push(&mut self, name: &'static str, value: String) {
+impl HeaderList for Vec<(&'static str, HeaderValue)> {
+    fn push(&mut self, name: &'static str, value: HeaderValue) {
         Vec::push(self, (name, value));
     }
 }
 
 impl HeaderList for Headers {
-    type Value = HeaderValue;
-    fn decimal(n: u64) -> HeaderValue {
-        HeaderValue::decimal(n)
-    }
     fn push(&mut self, name: &'static str, value: HeaderValue) {
         Headers::push(self, (name, value));
     }
@@ -175,9 +165,9 @@ fn rate_headers<L: HeaderList>(
         out.push("ratelimit", state.into());
     }
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push("x-ratelimit-limit", L::decimal(p.quota));
-        out.push("x-ratelimit-remaining", L::decimal(r.remaining));
-        out.push("x-ratelimit-reset", L::decimal(reset));
+        out.push("x-ratelimit-limit", HeaderValue::decimal(p.quota));
+        out.push("x-ratelimit-remaining", HeaderValue::decimal(r.remaining));
+        out.push("x-ratelimit-reset", HeaderValue::decimal(reset));
     }
 }
 

@@ -1,6 +1,7 @@
 //! What a client whose retry was over budget sees: distinct from a rate
 //! limit (`x-sluice-retry-budget: exhausted`, error `retry_budget_exhausted`).
 
+use crate::header::HeaderValue;
 use crate::reply::{json_str, retry_after_secs, Detail, Rejection, GRPC_RESOURCE_EXHAUSTED};
 use crate::rng::SplitMix;
 use crate::time::Duration;
@@ -11,8 +12,8 @@ pub fn rejection(name: &str, status: u32, spread_ns: u64, rng: &mut SplitMix) ->
     Rejection {
         status,
         headers: vec![
-            ("retry-after", retry_after.to_string()),
-            ("x-sluice-retry-budget", "exhausted".to_string()),
+            ("retry-after", HeaderValue::decimal(retry_after)),
+            ("x-sluice-retry-budget", "exhausted".into()),
         ],
         grpc_status: GRPC_RESOURCE_EXHAUSTED,
         detail: Detail::Text {

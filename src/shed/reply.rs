@@ -1,6 +1,7 @@
 //! What a client whose request was shed sees.
 
-use crate::reply::{decimal, retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
+use crate::header::HeaderValue;
+use crate::reply::{retry_after_secs, Detail, Rejection, GRPC_UNAVAILABLE};
 use crate::rng::SplitMix;
 use crate::time::Duration;
 
@@ -17,8 +18,8 @@ pub fn rejection(
     Rejection {
         status,
         headers: vec![
-            ("retry-after", decimal(retry_after)),
-            ("x-sluice-shed", class.to_string()),
+            ("retry-after", HeaderValue::decimal(retry_after)),
+            ("x-sluice-shed", class.into()),
         ],
         grpc_status: GRPC_UNAVAILABLE,
         detail: Detail::Shed {
