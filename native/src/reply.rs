@@ -37,14 +37,18 @@ pub fn send(filter: FilterPtr, r: &Rejection, reason_header: Option<&str>) {
         return;
     }
     let json = [("content-type", &b"application/json"[..])];
-    // A reply re-entering this one (none does) would get its own buffer.
-    let sent = BODY.with(|cell| {
-        let mut body = cell.try_borrow_mut().ok()?;
-        body.clear();
-        r.write_body(&mut body);
-        send_with(filter, r, reason_header, json, &body);
-        Some(())
-    });
+    // A reply re-entering this one (none does), or one sent while the
+    // thread ends, gets a buffer of its own.
+    let sent = BODY
+        .try_with(|cell| {
+            let mut body = cell.try_borrow_mut().ok()?;
+            body.clear();
+            r.write_body(&mut body);
+            send_with(filter, r, reason_header, json, &body);
+            Some(())
+        })
+        .ok()
+        .flatten();
     if sent.is_none() {
         send_with(filter, r, reason_header, json, &r.body());
     }
