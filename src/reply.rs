@@ -164,13 +164,6 @@ fn circuit_state(half_open: bool) -> &'static str {
     }
 }
 
-/// `n` in decimal: the standard library's `to_string`, which integers
-/// specialise past the formatting machinery (it runs on every refusal and
-/// every admitted request with headers).
-pub fn decimal(n: u64) -> String {
-    n.to_string()
-}
-
 /// Appends `n` in decimal (two digits at a time, see
 /// [`HeaderValue::decimal`]).
 pub fn push_decimal(out: &mut String, n: u64) {
@@ -391,7 +384,6 @@ mod tests {
             assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
         }
         for n in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
-            assert_eq!(decimal(n), n.to_string());
             let mut out = String::from("x");
             push_decimal(&mut out, n);
             assert_eq!(out, format!("x{n}"));
