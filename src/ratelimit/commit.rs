@@ -14,12 +14,24 @@ use super::{
 use crate::small::Small;
 use crate::store::{SlotKey, Store, StoreError};
 
-enum Commit {
+pub(super) enum Commit {
     Done,
     Conflict,
     /// The decision slot's remembered value was out of date.
     Stale,
     Failed,
+}
+
+impl Commit {
+    /// What a CAS write of the decision slot `read` came to.
+    pub(super) fn of(written: Result<(), StoreError>, read: &SlotRead) -> Self {
+        match written {
+            Ok(()) => Commit::Done,
+            Err(StoreError::CasMismatch) if read.remembered => Commit::Stale,
+            Err(StoreError::CasMismatch) => Commit::Conflict,
+            Err(StoreError::Unavailable) => Commit::Failed,
+        }
+    }
 }
 
 impl Limiter {
@@ -67,27 +79,14 @@ impl Limiter {
                 i += 1; // a shadow rule that would refuse is not charged
                 continue;
             }
-            let retry = match self.commit(store, p) {
-                Commit::Done => {
-                    i += 1;
-                    continue;
-                }
-                // A remembered value out of date is not a conflict with a
-                // concurrent request: read it and decide again, uncounted.
-                Commit::Stale => Some(p.report.cas_retries),
-                Commit::Conflict if p.report.cas_retries < self.max_retries => {
-                    Some(p.report.cas_retries + 1)
-                }
-                Commit::Conflict | Commit::Failed => None,
-            };
-            let retries = retry.unwrap_or(p.report.cas_retries);
-            let fresh = retry.and_then(|_| self.read(store, p.ask, now_ns, true));
-            match fresh {
-                Some(mut fresh) => {
-                    fresh.report.cas_retries = retries;
-                    *p = fresh;
-                }
-                None => {
+            let commit = self.commit(store, p);
+            if matches!(commit, Commit::Done) {
+                i += 1;
+                continue;
+            }
+            match self.again(store, p, commit, now_ns) {
+                Ok(fresh) => *p = fresh,
+                Err(retries) => {
                     let r = self.failure_report(p.ask.rule, p.ask.cost, retries);
                     reports.push(r);
                     pending.remove(i);
@@ -95,6 +94,30 @@ impl Limiter {
             }
         }
         Self::admitted(pending, reports)
+    }
+
+    /// After a commit of `p` that did not land: the rule read and decided
+    /// again, or, past the retry bound or on a store failure, the retries
+    /// it took.
+    pub(super) fn again(
+        &self,
+        store: &dyn Store,
+        p: &Pending,
+        commit: Commit,
+        now_ns: u64,
+    ) -> Result<Pending, u32> {
+        let retries = p.report.cas_retries;
+        let retry = match commit {
+            Commit::Done => return Ok(*p),
+            // A remembered value out of date is not a conflict with a
+            // concurrent request: read it and decide again, uncounted.
+            Commit::Stale => retries,
+            Commit::Conflict if retries < self.max_retries => retries + 1,
+            Commit::Conflict | Commit::Failed => return Err(retries),
+        };
+        let mut fresh = self.read(store, p.ask, now_ns, true).ok_or(retry)?;
+        fresh.report.cas_retries = retry;
+        Ok(fresh)
     }
 
     /// The evaluation of a request every enforcing rule admitted; held for
@@ -237,15 +260,11 @@ impl Limiter {
             fingerprint,
             tat: new_tat,
         };
-        match store.set_slot(read.key, &after.encode(), read.cas) {
-            Ok(()) => {
-                p.committed = Some((read.slot, after));
-                Commit::Done
-            }
-            Err(StoreError::CasMismatch) if read.remembered => Commit::Stale,
-            Err(StoreError::CasMismatch) => Commit::Conflict,
-            Err(StoreError::Unavailable) => Commit::Failed,
+        let written = Commit::of(store.set_slot(read.key, &after.encode(), read.cas), read);
+        if matches!(written, Commit::Done) {
+            p.committed = Some((read.slot, after));
         }
+        written
     }
 
     /// Raises a slot's TAT to at least `tat`, retrying conflicts. (Slots of

@@ -6,8 +6,12 @@
 use super::algorithm::Algorithm;
 use super::bucket::BucketAnswer;
 use super::codec::Slot;
+use super::commit::Commit;
 use super::config::RuleSpec;
-use super::{Ask, Evaluation, Limiter, Pending, Pendings, Reads, RuleReport, RuleResult, SlotRead};
+use super::{
+    Ask, Evaluation, LimitVerdict, Limiter, Lone, Pending, Pendings, Reads, RuleReport, RuleResult,
+    SlotRead,
+};
 use crate::keys::{place, Placement};
 use crate::request::RequestView;
 use crate::small::Small;
@@ -78,7 +82,19 @@ impl Limiter {
                 cost,
                 slack_ns,
             };
-            match self.read(store, ask, now_ns, false) {
+            let read = if self.lone {
+                match self.lone(store, ask, now_ns) {
+                    Lone::Charged(report) => return Self::charged(report, global_keys),
+                    Lone::Read(p) => p,
+                    Lone::Failed(retries) => {
+                        reports.push(self.failure_report(i, cost, retries));
+                        continue;
+                    }
+                }
+            } else {
+                self.read(store, ask, now_ns, false)
+            };
+            match read {
                 Some(p) => pending.push(p),
                 None => reports.push(self.failure_report(i, cost, 0)),
             }
@@ -86,6 +102,64 @@ impl Limiter {
         let mut eval = self.settle(store, now_ns, &mut pending, reports);
         eval.global_keys = global_keys;
         eval
+    }
+
+    /// The limiter's one rule, when `Limiter::lone` says it may be
+    /// decided alone: read, decided and, if admitted, charged by one CAS
+    /// write, without the transaction's lists. A refusal, a conflict, a
+    /// slot corrupt or remembered, or a store failure goes on as the
+    /// transaction's first read (nothing was written).
+    fn lone(&self, store: &dyn Store, ask: Ask, now_ns: u64) -> Lone {
+        let Some(spec) = self.rules.get(ask.rule).map(|r| &r.spec) else {
+            return Lone::Read(None);
+        };
+        let [slot, _] = ask.placement.slots;
+        if ask.placement.count != 1 || ask.slack_ns != 0 {
+            return Lone::Read(self.read(store, ask, now_ns, false));
+        }
+        let Some(read) = self.read_slot(store, ask.rule, slot, now_ns, false) else {
+            return Lone::Read(None);
+        };
+        let outcome = spec.algorithm.decide(read.slot.tat, now_ns, ask.cost, 0);
+        let BucketAnswer::Allow { new_tat, .. } = outcome else {
+            if read.remembered {
+                // As `read`: no write will check it behind a refusal.
+                return Lone::Read(self.read(store, ask, now_ns, true));
+            }
+            return Lone::Read(self.pending(ask, Reads::of(read), 0, outcome, now_ns));
+        };
+        let after = Slot {
+            fingerprint: Self::tag(&spec.algorithm, &ask.placement),
+            tat: new_tat,
+        };
+        let Some(p) = self.pending(ask, Reads::of(read), 0, outcome, now_ns) else {
+            return Lone::Read(None);
+        };
+        if read.corrupt {
+            // The transaction writes it, the corrupt slot counted.
+            return Lone::Read(Some(p));
+        }
+        let written = Commit::of(store.set_slot(read.key, &after.encode(), read.cas), &read);
+        if matches!(written, Commit::Done) {
+            return Lone::Charged(p.report);
+        }
+        match self.again(store, &p, written, now_ns) {
+            Ok(fresh) => Lone::Read(Some(fresh)),
+            Err(retries) => Lone::Failed(retries),
+        }
+    }
+
+    /// The evaluation of a request its one rule admitted and charged.
+    fn charged(report: RuleReport, global_keys: Vec<(usize, u64)>) -> Evaluation {
+        let mut reports = Small::new();
+        reports.push(report);
+        Evaluation {
+            verdict: LimitVerdict::Allow,
+            reports,
+            delay_ns: 0,
+            reservations: Vec::new(),
+            global_keys,
+        }
     }
 
     pub(super) fn failure_report(&self, rule: usize, cost: u64, cas_retries: u32) -> RuleReport {
@@ -149,9 +223,26 @@ impl Limiter {
             // No write will check a remembered value behind a refusal.
             return self.read(store, ask, now_ns, true);
         }
+        self.pending(ask, reads, decision, outcome, now_ns)
+    }
+
+    /// A rule decided on `reads` (its decision slot `decision`), with its
+    /// report.
+    fn pending(
+        &self,
+        ask: Ask,
+        reads: Reads,
+        decision: usize,
+        outcome: BucketAnswer,
+        now_ns: u64,
+    ) -> Option<Pending> {
+        let spec = &self.rules.get(ask.rule)?.spec;
+        let algorithm = &spec.algorithm;
+        let tag = Self::tag(algorithm, &ask.placement);
+        let state = reads.get(decision)?.slot;
         let collision =
             state.fingerprint != 0 && state.fingerprint != tag && algorithm.busy(state.tat, now_ns);
-        let report = Self::report(rule, spec.shadow, cost, &outcome, &reads, collision);
+        let report = Self::report(ask.rule, spec.shadow, ask.cost, &outcome, &reads, collision);
         Some(Pending {
             ask,
             reads,

@@ -20,6 +20,11 @@
 //!    charges are refunded where untouched since, and the request is refused.
 //! 4. Retries are bounded; past the bound the failure policy decides.
 //!
+//! A configuration of one local rule (not a pool, not shaping) whose key
+//! has one slot takes the same steps without the transaction's lists: one
+//! read, one CAS write (`Limiter::lone`); anything but an admission at the
+//! first write goes on as the transaction's first read.
+//!
 //! Never admitting too much rests on step 3: a rule's charge lands only by a
 //! CAS on the slot its decision was based on, which linearises the decision.
 //!
@@ -165,6 +170,10 @@ pub struct Limiter {
     pub seed: (u64, u64),
     pub max_retries: u32,
     pub failure_mode_deny: bool,
+    /// One local rule, not a pool, not shaping: a request's one read of a
+    /// single-slot key and its one write need no transaction
+    /// (`Limiter::lone`).
+    pub lone: bool,
 }
 
 /// One slot as read: its key, CAS token, and decoded (or recovered) state.
@@ -188,6 +197,14 @@ struct Reads {
 }
 
 impl Reads {
+    /// The one read of a single-slot key.
+    fn of(r: SlotRead) -> Self {
+        Reads {
+            len: 1,
+            items: [Some(r), None],
+        }
+    }
+
     fn push(&mut self, r: SlotRead) {
         if let Some(item) = self.items.get_mut(self.len) {
             *item = Some(r);
@@ -212,6 +229,19 @@ struct Pending {
     outcome: BucketAnswer,
     report: RuleReport,
     committed: Option<(Slot, Slot)>, // (before, after) of the decision slot
+}
+
+/// What `Limiter::lone` did with a request. (Returned once per request:
+/// a box for the large variant would be an allocation per request.)
+#[allow(clippy::large_enum_variant)]
+enum Lone {
+    /// Admitted and charged: the rule's report.
+    Charged(RuleReport),
+    /// Left to the transaction: the rule as read and decided (none if the
+    /// store failed).
+    Read(Option<Pending>),
+    /// The store failed, after these retries.
+    Failed(u32),
 }
 
 /// The rules being settled, the first ones inline.

@@ -95,7 +95,16 @@ impl Limiter {
                 global,
             });
         }
+        let lone = match rules.as_slice() {
+            [r] => {
+                r.global.is_none()
+                    && r.spec.shaping.is_none()
+                    && !matches!(r.spec.algorithm, Algorithm::Pool(_))
+            }
+            _ => false,
+        };
         Ok(Limiter {
+            lone,
             rules,
             seed,
             max_retries: common.max_cas_retries,
