@@ -246,17 +246,22 @@ fn shadow_rules_report_but_never_refuse_and_are_not_charged_when_over() {
 fn property_exact_under_simulated_concurrent_workers() {
     // Frozen time, burst B, many requests from "workers" whose writes
     // interleave at random: exactly B are admitted, never B + 1.
-    exact_under_interleaving(false, false);
+    exact_under_interleaving(false, false, false);
     // The same with every worker skipping reads where its memory allows
     // (long stretches run on one worker): reads were skipped.
-    assert!(exact_under_interleaving(true, false) * 40 > 100 * crate::test_seeds(40));
+    assert!(exact_under_interleaving(true, false, false) * 40 > 100 * crate::test_seeds(40));
     // Sliding windows, on the same transaction.
-    exact_under_interleaving(false, true);
-    assert!(exact_under_interleaving(true, true) * 40 > 100 * crate::test_seeds(40));
+    exact_under_interleaving(false, true, false);
+    assert!(exact_under_interleaving(true, true, false) * 40 > 100 * crate::test_seeds(40));
+    // One keyless rule: decided alone (`Limiter::lone`), as exact.
+    for (remembering, window) in [(false, false), (true, false), (false, true), (true, true)] {
+        exact_under_interleaving(remembering, window, true);
+    }
 }
 
-/// Returns the reads our worker skipped.
-fn exact_under_interleaving(remembering: bool, window: bool) -> u64 {
+/// Returns the reads our worker skipped; `alone`: the rule is the
+/// configuration's only one, without a key.
+fn exact_under_interleaving(remembering: bool, window: bool, alone: bool) -> u64 {
     use crate::store::Remembering;
     let mut skipped = 0;
     for seed in 0..crate::test_seeds(40) {
@@ -266,11 +271,16 @@ fn exact_under_interleaving(remembering: bool, window: bool) -> u64 {
         } else {
             format!(r#""bucket":{{"rate":1,"period":"1h","burst":{burst}}}"#)
         };
-        let json = format!(
-            r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],{algorithm}}},
+        let json = if alone {
+            format!(r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r",{algorithm}}}]}}"#)
+        } else {
+            format!(
+                r#"{{"max_cas_retries":1000,"rate_limits":[{{"name":"r","key":["client_address"],{algorithm}}},
                 {{"name":"g","bucket":{{"rate":1,"period":"1h","burst":100000}}}}]}}"#
-        );
+            )
+        };
         let (l, store) = ready(&json);
+        assert_eq!(l.lone, alone);
         let host = Rc::new(store);
         let memory = Rc::new(Remembering::new(host.clone()));
         let ours: Rc<dyn Store> = if remembering {
