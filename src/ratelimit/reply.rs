@@ -14,15 +14,6 @@ use crate::rng::SplitMix;
 use crate::time::Duration;
 use std::rc::Rc;
 
-/// What the adapter must do with the request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Let it through, adding these response headers (possibly none).
-    Continue { response_headers: Headers },
-    /// Answer it now.
-    Reject(Rejection),
-}
-
 /// What the headers say about a rule's policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyInfo {
@@ -52,18 +43,20 @@ impl PolicyInfo {
     }
 }
 
-/// Builds the action for an evaluation. `policies` is indexed by rule.
+/// What an evaluation comes to: its refusal, or, for an admitted request,
+/// none, and the headers for its response added to `response_headers`.
+/// `policies` is indexed by rule.
 pub fn action(
     eval: &Evaluation,
     spec: &ResponseSpec,
     policies: &[PolicyInfo],
     rng: &mut SplitMix,
-) -> Action {
+    response_headers: &mut Headers,
+) -> Option<Rejection> {
     match eval.verdict {
         LimitVerdict::Allow => {
-            let response_headers = if spec.headers_on_allowed {
+            if spec.headers_on_allowed {
                 // The tightest enforcing rule is the one a client must pace to.
-                let mut out = Headers::new();
                 let enforcing = |r: &&RuleReport| !policies.get(r.rule).is_some_and(|p| p.shadow);
                 if let Some(r) = eval
                     .reports
@@ -72,13 +65,10 @@ pub fn action(
                     .filter(enforcing)
                     .min_by_key(|r| r.remaining)
                 {
-                    rate_headers(&mut out, spec.ratelimit_headers, r, policies, None);
+                    rate_headers(response_headers, spec.ratelimit_headers, r, policies, None);
                 }
-                out
-            } else {
-                Headers::new()
-            };
-            Action::Continue { response_headers }
+            }
+            None
         }
         LimitVerdict::Deny { rule, wait_ns } => {
             let spread = Duration::from_ns(spec.retry_after_jitter_ns);
@@ -100,7 +90,7 @@ pub fn action(
                 );
             }
             // The texts are formatted by the host, only those it sends.
-            Action::Reject(Rejection {
+            Some(Rejection {
                 status: spec.status,
                 headers,
                 grpc_status: GRPC_RESOURCE_EXHAUSTED,
@@ -228,11 +218,12 @@ mod tests {
             reservations: Vec::new(),
             global_keys: Vec::new(),
         };
-        let Action::Reject(r) = action(
+        let Some(r) = action(
             &eval,
             &spec(HeaderStyle::Both, false, 0),
             &policies(),
             &mut SplitMix(0),
+            &mut Headers::new(),
         ) else {
             panic!()
         };
@@ -260,43 +251,28 @@ mod tests {
             reservations: Vec::new(),
             global_keys: Vec::new(),
         };
-        let off = action(
-            &eval,
-            &spec(HeaderStyle::Both, false, 0),
-            &policies(),
-            &mut SplitMix(0),
-        );
-        assert_eq!(
-            off,
-            Action::Continue {
-                response_headers: Headers::new()
-            }
-        );
-        let Action::Continue { response_headers } = action(
-            &eval,
-            &spec(HeaderStyle::Legacy, true, 0),
-            &policies(),
-            &mut SplitMix(0),
-        ) else {
-            panic!()
+        let admitted = |style, on_allowed| {
+            let mut h = Headers::new();
+            let r = action(
+                &eval,
+                &spec(style, on_allowed, 0),
+                &policies(),
+                &mut SplitMix(0),
+                &mut h,
+            );
+            assert_eq!(r, None);
+            h
         };
+        assert!(admitted(HeaderStyle::Both, false).is_empty());
         assert_eq!(
-            response_headers,
+            admitted(HeaderStyle::Legacy, true),
             vec![
                 ("x-ratelimit-limit", "20".into()),
                 ("x-ratelimit-remaining", "7".into()),
                 ("x-ratelimit-reset", "40".into())
             ]
         );
-        let Action::Continue { response_headers } = action(
-            &eval,
-            &spec(HeaderStyle::None, true, 0),
-            &policies(),
-            &mut SplitMix(0),
-        ) else {
-            panic!()
-        };
-        assert!(response_headers.is_empty());
+        assert!(admitted(HeaderStyle::None, true).is_empty());
     }
 
     /// The headers of an admitted request, legacy style.
@@ -308,15 +284,19 @@ mod tests {
             reservations: Vec::new(),
             global_keys: Vec::new(),
         };
-        match action(
+        let mut h = Headers::new();
+        if action(
             &eval,
             &spec(HeaderStyle::Legacy, true, 0),
             policies,
             &mut SplitMix(0),
-        ) {
-            Action::Continue { response_headers } => response_headers,
-            Action::Reject(_) => Headers::new(),
+            &mut h,
+        )
+        .is_some()
+        {
+            return Headers::new();
         }
+        h
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod wait;
 
 use super::config::RuleSpec;
 use super::global::{Coordinator, Leading, Report, RuleId};
-use super::reply::{action, Action, PolicyInfo};
+use super::reply::{action, PolicyInfo};
 use super::shaping::HeldList;
 use super::{Evaluation, Limiter, RuleResult};
 use crate::config::{Common, ConfigError, ResponseSpec};
@@ -144,13 +144,16 @@ impl RateLimits {
 
     /// The decision on an evaluated request that is not held.
     fn answer(&self, cx: &mut Cx<'_, '_>, eval: &Evaluation) -> Decision {
-        match action(eval, &self.response, &self.policies, cx.rng) {
-            Action::Continue { response_headers } => Decision {
-                step: Step::Continue,
-                held: false,
-                response_headers,
-            },
-            Action::Reject(r) => Decision::of(Step::Reply(r), false),
+        let mut d = Decision::pass();
+        match action(
+            eval,
+            &self.response,
+            &self.policies,
+            cx.rng,
+            &mut d.response_headers,
+        ) {
+            None => d,
+            Some(r) => Decision::of(Step::Reply(r), false),
         }
     }
 }
@@ -189,7 +192,7 @@ impl Stage for RateLimits {
             return self.shape(cx, stream, req, now);
         }
         let eval = self.limiter.evaluate(cx.store(), now, req);
-        let again = self.waiting.contains_key(&stream);
+        let again = !self.waiting.is_empty() && self.waiting.contains_key(&stream);
         if let Some(wait) = self.wait_for_tokens(cx, (stream, req), &eval, again, now) {
             return wait;
         }
