@@ -22,18 +22,6 @@ pub(super) enum Commit {
     Failed,
 }
 
-impl Commit {
-    /// What a CAS write of the decision slot `read` came to.
-    pub(super) fn of(written: Result<(), StoreError>, read: &SlotRead) -> Self {
-        match written {
-            Ok(()) => Commit::Done,
-            Err(StoreError::CasMismatch) if read.remembered => Commit::Stale,
-            Err(StoreError::CasMismatch) => Commit::Conflict,
-            Err(StoreError::Unavailable) => Commit::Failed,
-        }
-    }
-}
-
 impl Limiter {
     /// The rule whose store failure refuses the request, when failing
     /// closed (shadow rules never refuse).
@@ -229,7 +217,7 @@ impl Limiter {
         }
     }
 
-    fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
+    pub(super) fn commit(&self, store: &dyn Store, p: &mut Pending) -> Commit {
         let BucketAnswer::Allow { new_tat, .. } = p.outcome else {
             return Commit::Done;
         };
@@ -260,11 +248,15 @@ impl Limiter {
             fingerprint,
             tat: new_tat,
         };
-        let written = Commit::of(store.set_slot(read.key, &after.encode(), read.cas), read);
-        if matches!(written, Commit::Done) {
-            p.committed = Some((read.slot, after));
+        match store.set_slot(read.key, &after.encode(), read.cas) {
+            Ok(()) => {
+                p.committed = Some((read.slot, after));
+                Commit::Done
+            }
+            Err(StoreError::CasMismatch) if read.remembered => Commit::Stale,
+            Err(StoreError::CasMismatch) => Commit::Conflict,
+            Err(StoreError::Unavailable) => Commit::Failed,
         }
-        written
     }
 
     /// Raises a slot's TAT to at least `tat`, retrying conflicts. (Slots of

@@ -121,25 +121,19 @@ impl Limiter {
             return Lone::Read(None);
         };
         let outcome = spec.algorithm.decide(read.slot.tat, now_ns, ask.cost, 0);
-        let BucketAnswer::Allow { new_tat, .. } = outcome else {
-            if read.remembered {
-                // As `read`: no write will check it behind a refusal.
-                return Lone::Read(self.read(store, ask, now_ns, true));
-            }
-            return Lone::Read(self.pending(ask, Reads::of(read), 0, outcome, now_ns));
-        };
-        let after = Slot {
-            fingerprint: Self::tag(&spec.algorithm, &ask.placement),
-            tat: new_tat,
-        };
-        let Some(p) = self.pending(ask, Reads::of(read), 0, outcome, now_ns) else {
+        if !outcome.allowed() && read.remembered {
+            // As `read`: no write will check it behind a refusal.
+            return Lone::Read(self.read(store, ask, now_ns, true));
+        }
+        let Some(mut p) = self.pending(ask, Reads::of(read), 0, outcome, now_ns) else {
             return Lone::Read(None);
         };
-        if read.corrupt {
-            // The transaction writes it, the corrupt slot counted.
+        if !outcome.allowed() || read.corrupt {
+            // The transaction refuses it, or writes it, the corrupt slot
+            // counted.
             return Lone::Read(Some(p));
         }
-        let written = Commit::of(store.set_slot(read.key, &after.encode(), read.cas), &read);
+        let written = self.commit(store, &mut p);
         if matches!(written, Commit::Done) {
             return Lone::Charged(p.report);
         }
