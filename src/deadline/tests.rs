@@ -25,8 +25,14 @@ fn grpc_timeouts_parse_in_every_unit_and_junk_does_not() {
         ("3M", 180_000),
         ("5S", 5_000),
         ("250m", 250),
-        ("1500u", 1),
-        ("999999n", 0),
+        // A part of a millisecond rounds up, as Envoy's router reads it.
+        ("1500u", 2),
+        ("1000u", 1),
+        ("999u", 1),
+        ("0u", 0),
+        ("999999n", 1),
+        ("1n", 1),
+        ("2000000n", 2),
         ("99999999m", 99_999_999),
     ] {
         assert_eq!(parse_grpc_timeout(text), Some(ms), "{text}");

@@ -206,6 +206,41 @@ fn a_wait_in_an_earlier_stage_is_taken_off_once() {
     assert_eq!(grpc_timeout(&h, 1), "700m", "{:?}", h.log);
 }
 
+/// `min_remaining`'s promise at its edge: a request with that much left
+/// or less is refused, one with any more goes on, a part of a millisecond
+/// (`u`, `n`) counting as Envoy's router counts it, rounded up.
+#[test]
+fn a_request_with_more_than_min_remaining_left_goes_on_to_the_microsecond() {
+    for (min, cases) in [
+        (
+            "0s",
+            &[("1n", true), ("999u", true), ("0u", false), ("0m", false)][..],
+        ),
+        (
+            "10ms",
+            &[
+                ("10m", false),
+                ("10000u", false),
+                ("10000000n", false),
+                ("10001u", true),
+                ("10000001n", true),
+                ("11m", true),
+                ("9999u", false),
+            ][..],
+        ),
+    ] {
+        for &(timeout, goes_on) in cases {
+            let mut h = H::new(&format!(r#"{{"deadlines":{{"min_remaining":"{min}"}}}}"#));
+            let v = h.arrive(req("/").with_header("grpc-timeout", timeout.as_bytes()));
+            assert_eq!(
+                matches!(v, Verdict::Continue),
+                goes_on,
+                "min_remaining {min}, grpc-timeout {timeout}: {v:?}"
+            );
+        }
+    }
+}
+
 const THREE: &str = r#"{"deadlines":{"min_remaining":"5ms"},
  "shedders":[{"name":"a","match":{"path_prefix":"/x"},"concurrency":{"max":2,"queue":2,"max_wait":"40ms"},"priority":{"header":"x-prio"}},
   {"name":"b","match":{"path_prefix":"/x/y"},"concurrency":{"max":1,"queue":2,"max_wait":"30ms"},"priority":{"header":"x-prio"}},

@@ -142,7 +142,9 @@ pub fn read(spec: &DeadlineSpec, req: &dyn RequestView) -> Option<Deadline> {
 
 /// gRPC's `grpc-timeout`: at most 8 digits and a unit, `H` (hours), `M`
 /// (minutes), `S`, `m` (milliseconds), `u` (microseconds) or `n`
-/// (nanoseconds); in whole milliseconds, rounded down.
+/// (nanoseconds); in whole milliseconds, a part of one rounded up, as
+/// Envoy's router reads it (the timeout it sets for the request is that
+/// rounded-up one): `999u` has 1 ms left, not none.
 pub fn parse_grpc_timeout(text: &str) -> Option<u64> {
     let split = text.len().checked_sub(1)?;
     let (digits, unit) = text.split_at_checked(split)?;
@@ -155,8 +157,8 @@ pub fn parse_grpc_timeout(text: &str) -> Option<u64> {
         "M" => n * 60_000,
         "S" => n * 1_000,
         "m" => n,
-        "u" => n / 1_000,
-        "n" => n / 1_000_000,
+        "u" => n.div_ceil(1_000),
+        "n" => n.div_ceil(1_000_000),
         _ => return None,
     })
 }
