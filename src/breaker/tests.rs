@@ -384,6 +384,39 @@ fn a_trip_in_one_vm_fails_fast_in_the_others_within_sync_ms() {
     ));
 }
 
+/// `consecutive_failures` counts failures in a row across workers: a
+/// success on a worker that had not seen the key yet ends the streak at
+/// once (merged with its first result, not held back for its tick).
+#[test]
+fn a_success_on_another_worker_ends_a_streak_of_failures() {
+    let (mut vm, store) = vms(
+        r#"{"circuit_breakers":[{"name":"b","min_requests":1000,"consecutive_failures":3}]}"#,
+        2,
+    );
+    let mut rng = SplitMix(9);
+    let mut ev = Vec::new();
+    let (a, b) = vm.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let mut call = |v: &mut Breakers, at: u64, outcome: CallOutcome| {
+        let Check::Pass(t) = v.check(&store, at, &to("a"), &mut rng, &mut ev).0 else {
+            panic!("refused at {at}")
+        };
+        v.record(&store, at + 2, t[0], outcome, &mut rng, &mut ev);
+        ev.len()
+    };
+    call(a, T0, CallOutcome::Failure);
+    call(a, T0 + 50, CallOutcome::Failure);
+    call(b, T0 + 100, CallOutcome::Success);
+    call(a, T0 + 150, CallOutcome::Failure);
+    let events = call(a, T0 + 200, CallOutcome::Failure);
+    assert_eq!(events, 0, "tripped on F F S F F");
+    call(a, T0 + 250, CallOutcome::Failure);
+    assert!(
+        matches!(ev.as_slice(), [e] if matches!(e.transition, Transition::Opened { .. })),
+        "{ev:?}"
+    );
+}
+
 #[test]
 fn exactly_the_configured_probes_pass_across_vms_and_recovery_closes() {
     // Also with each VM remembering its own writes (skipping reads).
@@ -479,10 +512,11 @@ fn successes_are_batched_and_ignored_outcomes_do_not_count() {
             &mut ev,
         );
     }
-    // 50 successes over 10 ms: no write yet (batched), then one merge on flush.
-    assert_eq!(store.sets.get(), 0);
-    vm[0].flush(&store, T0 + 100, &mut rng, &mut ev);
+    // 50 successes over 10 ms: the key's first merged at once (it may end
+    // a streak), the other 49 batched, then one merge on flush.
     assert_eq!(store.sets.get(), 1);
+    vm[0].flush(&store, T0 + 100, &mut rng, &mut ev);
+    assert_eq!(store.sets.get(), 2);
     let (ok, bad) = store
         .map
         .borrow()

@@ -77,7 +77,9 @@ impl Breakers {
                 state: State::new(),
                 fetched_ms: None,
                 pending: 0,
-                flushed_ms: now_ms,
+                // Never merged: the key's first success is merged at once
+                // (it may end a streak of failures other workers merged).
+                flushed_ms: now_ms.saturating_sub(SYNC_MS),
             },
         );
         true
