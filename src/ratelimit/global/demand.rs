@@ -175,6 +175,7 @@ impl Coordinator {
         oldest_first(&mut by_age);
         for (id, _) in by_age.into_iter().take(MAX_KEYS / 10) {
             self.keys.remove(&id);
+            self.evicted.push(id);
         }
     }
 }

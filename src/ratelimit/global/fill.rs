@@ -7,10 +7,11 @@
 
 use super::pool::Pool;
 use super::proto;
-use super::{CallResult, Coordinator, GlobalRule, Report, RuleId};
+use super::{CallResult, Coordinator, GlobalRule, Report, RuleId, MAX_KEYS};
 use crate::hash::FastMap;
 use crate::rng::SplitMix;
 use crate::store::{Store, StoreError};
+use std::cmp::Reverse;
 
 /// A pool whose key had no demand for this long may be taken by a key
 /// that has no slot (ms).
@@ -18,10 +19,11 @@ const FRESH_MS: u64 = 5_000;
 
 impl Coordinator {
     /// A key forgotten for want of demand: what its pool still holds is
-    /// counted as dropped if its window has ended (else it may still be
-    /// spent, should the key come back).
+    /// counted as dropped once its window has ended, now or, if it may
+    /// still be spent (should the key come back), at the window's end
+    /// ([`Coordinator::settle_ended`]).
     pub(super) fn forget(
-        &self,
+        &mut self,
         store: &dyn Store,
         now_ms: u64,
         (g, fp): (RuleId, u64),
@@ -31,14 +33,36 @@ impl Coordinator {
             return;
         };
         let (keys, tag) = pool_slots(rule, fp);
-        let left: u32 = read_sites(store, &keys)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|s| s.slot.filter(|s| s.fingerprint == tag))
-            .map(|s| expired(s.tat, now_ms))
-            .sum();
-        if left > 0 {
-            report.dropped.push((g, u64::from(left)));
+        match settle(store, (&keys, tag), now_ms) {
+            Settled::Dropped(left) if left > 0 => report.dropped.push((g, u64::from(left))),
+            Settled::Live { until_ms } if self.ending.len() < MAX_KEYS => {
+                self.ending.push(Reverse((until_ms, g, fp)));
+            }
+            _ => {}
+        }
+    }
+
+    /// The pools of forgotten keys whose window has ended: what they hold
+    /// is counted as dropped. Not a key that came back: its next grant
+    /// counts what its pool left unspent.
+    pub(super) fn settle_ended(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
+        while let Some(&Reverse((until_ms, g, fp))) = self.ending.peek() {
+            if until_ms > now_ms {
+                break;
+            }
+            self.ending.pop();
+            if self.keys.contains_key(&(g, fp)) {
+                continue;
+            }
+            let Some(rule) = self.rule(g) else {
+                continue;
+            };
+            let (keys, tag) = pool_slots(rule, fp);
+            if let Settled::Dropped(left) = settle(store, (&keys, tag), now_ms) {
+                if left > 0 {
+                    report.dropped.push((g, u64::from(left)));
+                }
+            }
         }
     }
 
@@ -252,6 +276,59 @@ fn expired(state: u128, now_ms: u64) -> u32 {
     } else {
         0
     }
+}
+
+/// What [`settle`] found of a key's pool.
+enum Settled {
+    /// None of the key's, or the store failed.
+    Nothing,
+    /// Its window ends at `until_ms`: its tokens may still be spent.
+    Live { until_ms: u64 },
+    /// Its window had ended: it held these tokens, now taken out of it,
+    /// so that nothing counts them again (a later grant, or another key
+    /// taking the slot over).
+    Dropped(u32),
+}
+
+/// Settles a key's pool whose window has ended (see [`Settled`]).
+fn settle(store: &dyn Store, (keys, tag): (&[String], u32), now_ms: u64) -> Settled {
+    use crate::ratelimit::codec::Slot;
+    for _ in 0..16 {
+        let Some(sites) = read_sites(store, keys) else {
+            return Settled::Nothing;
+        };
+        let Some((i, pool)) = sites
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| s.ours(tag).map(|p| (i, p)))
+        else {
+            return Settled::Nothing;
+        };
+        if now_ms < pool.until_ms {
+            return match pool.tokens {
+                0 => Settled::Nothing,
+                _ => Settled::Live {
+                    until_ms: pool.until_ms,
+                },
+            };
+        }
+        if pool.tokens == 0 {
+            return Settled::Dropped(0);
+        }
+        let (Some(key), Some(site)) = (keys.get(i), sites.get(i)) else {
+            return Settled::Nothing;
+        };
+        let emptied = Slot {
+            fingerprint: tag,
+            tat: Pool { tokens: 0, ..pool }.encode(),
+        };
+        match store.set(key, &emptied.encode(), site.cas) {
+            Ok(()) => return Settled::Dropped(pool.tokens),
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Unavailable) => return Settled::Nothing,
+        }
+    }
+    Settled::Nothing
 }
 
 /// Rewrites a key's pool with CAS, in the slot it holds, or else in a free

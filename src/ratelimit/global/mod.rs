@@ -52,6 +52,8 @@ use crate::rng::SplitMix;
 use crate::store::Store;
 use codec::{HealthState, Want};
 use config::GlobalSpec;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 pub const METHOD: &str = "ShouldRateLimit";
@@ -126,7 +128,7 @@ pub enum CallResult {
 /// A global rule's id: its index among its coordinator's rules, which is
 /// also the one-byte rule index its demand is reported with (see
 /// [`codec::Want`]). Only the coordinator gives them out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(u8);
 
 impl RuleId {
@@ -260,6 +262,14 @@ pub struct Coordinator {
     owners: FastMap<(RuleId, u32), u64>,
     /// Starved keys were noted since the last report.
     cold: bool,
+    /// Keys forgotten while their pool still held live tokens, by when
+    /// its window ends (the soonest first): what is left unspent then is
+    /// counted as dropped ([`Coordinator::settle_ended`]). At most
+    /// [`MAX_KEYS`].
+    ending: BinaryHeap<Reverse<(u64, RuleId, u64)>>,
+    /// Keys evicted from a full table, to be forgotten on the next tick
+    /// (with the store at hand).
+    evicted: Vec<(RuleId, u64)>,
 }
 
 /// Keys by the time given with each, the oldest first (one sort for both
@@ -304,6 +314,8 @@ impl Coordinator {
             last_report_ms: 0,
             owners: FastMap::default(),
             cold: false,
+            ending: BinaryHeap::new(),
+            evicted: Vec::new(),
         }
     }
 

@@ -169,7 +169,9 @@ impl Coordinator {
         }
     }
 
-    /// Forgets the keys without demand for `IDLE_MS`.
+    /// Forgets the keys without demand for `IDLE_MS` (and those a full
+    /// table evicted), and settles the pools of forgotten keys whose
+    /// window has ended.
     fn forget_idle(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
         let idle: Vec<(RuleId, u64)> = self
             .keys
@@ -177,10 +179,12 @@ impl Coordinator {
             .filter(|(_, k)| !k.inflight && now_ms.saturating_sub(k.last_demand_ms) >= IDLE_MS)
             .map(|(&id, _)| id)
             .collect();
-        for id in idle {
+        let evicted = std::mem::take(&mut self.evicted);
+        for id in idle.into_iter().chain(evicted) {
             self.keys.remove(&id);
             self.forget(store, now_ms, id, report);
         }
+        self.settle_ended(store, now_ms, report);
     }
 
     /// The keys that may need tokens now, the one called least recently

@@ -844,6 +844,49 @@ fn tokens_left_unspent_at_the_window_end_are_counted_as_dropped() {
     assert_eq!(r.dropped, vec![(RuleId(0), 7)]);
 }
 
+/// A key whose demand stops long before its window ends is forgotten 30 s
+/// on, its pool still live: what it left unspent is counted as dropped at
+/// the window's end, once (not again when the key comes back).
+#[test]
+fn tokens_of_a_key_forgotten_before_its_window_ends_are_counted_at_its_end() {
+    let store = MemoryStore::default();
+    let mut l = vm(&config(""), 1, &store);
+    l.tick(&store, T0);
+    l.request(&store, T0 + 1, "k");
+    let call = l.tick(&store, T0 + 100).calls.remove(0);
+    // Good for a minute.
+    l.answer(&store, T0 + 110, &call, Some(response(1, 90, 60)));
+    for _ in 0..3 {
+        assert_eq!(l.request(&store, T0 + 120, "k"), LimitVerdict::Allow);
+    }
+    // Calls its demand made go on being answered in the same window.
+    let (mut dropped, mut granted) = (Vec::new(), 10);
+    let mut now = T0 + 200;
+    while now < T0 + 90_000 {
+        let r = l.tick(&store, now);
+        dropped.extend(r.dropped.into_iter().map(|d| (now, d)));
+        for call in r.calls {
+            granted += hits_of(&call);
+            let left_s = (T0 + 60_110).saturating_sub(now + 10) / 1000;
+            l.answer(&store, now + 10, &call, Some(response(1, 80, left_s)));
+        }
+        now += 100;
+    }
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    let (at, d) = dropped[0];
+    assert_eq!(d, (RuleId(0), granted - 3));
+    assert!(
+        (T0 + 59_000..T0 + 61_500).contains(&at),
+        "counted {} ms after the start",
+        at - T0
+    );
+    // The key comes back: its next grant counts nothing more.
+    assert_ne!(l.request(&store, now, "k"), LimitVerdict::Allow);
+    let call = l.tick(&store, now + 100).calls.remove(0);
+    let r = l.answer(&store, now + 110, &call, Some(response(1, 80, 60)));
+    assert_eq!(r.dropped, vec![]);
+}
+
 #[test]
 fn a_half_open_probe_goes_to_a_key_that_needs_tokens() {
     let store = MemoryStore::default();
