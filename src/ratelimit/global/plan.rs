@@ -179,10 +179,15 @@ impl Coordinator {
             .filter(|(_, k)| !k.inflight && now_ms.saturating_sub(k.last_demand_ms) >= IDLE_MS)
             .map(|(&id, _)| id)
             .collect();
-        let evicted = std::mem::take(&mut self.evicted);
-        for id in idle.into_iter().chain(evicted) {
+        for id in idle {
             self.keys.remove(&id);
             self.forget(store, now_ms, id, report);
+        }
+        // Evicted ones already left the table; one back since stays.
+        for id in std::mem::take(&mut self.evicted) {
+            if !self.keys.contains_key(&id) {
+                self.forget(store, now_ms, id, report);
+            }
         }
         self.settle_ended(store, now_ms, report);
     }

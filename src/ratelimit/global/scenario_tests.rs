@@ -304,6 +304,51 @@ fn a_full_key_table_makes_room_for_new_keys() {
     );
 }
 
+/// A key a full table evicts, its pool still live, is counted as dropped
+/// at its window's end as an idle one is.
+#[test]
+fn an_evicted_keys_unspent_tokens_are_counted_at_its_windows_end() {
+    let json = cfg("", r#","instances":2"#, 1_000_000, 64);
+    let store = MemoryStore::default();
+    let mut leader = vm(&json, 1, &store);
+    let mut worker = vm(&json, 2, &store);
+    let mut now = T0;
+    leader.tick(&store, now);
+    // One key granted a batch good for 20 s, one token spent.
+    worker.request(&store, now, "a");
+    worker.tick(&store, now + 1);
+    now += 100;
+    let call = leader.tick(&store, now).calls.remove(0);
+    let granted = hits_of(&call);
+    leader.answer(
+        &store,
+        now + 1,
+        &call,
+        Some(response(1, 1_000_000, 999_000, 20)),
+    );
+    assert_eq!(worker.request(&store, now + 2, "a"), LimitVerdict::Allow);
+    // Then 50,000 other keys, each once: the table evicts the oldest.
+    for round in 0..6u64 {
+        for i in 0..10_000u64 {
+            let fp = round * 10_000 + i + 1_000_000;
+            worker.coord.note(RuleId(0), fp, false, 1, || {
+                vec![format!("x{fp}").into_bytes()]
+            });
+        }
+        worker.tick(&store, now + 1);
+        now += 100;
+        assert!(leader.tick(&store, now).dropped.is_empty());
+    }
+    // Its window over, before it would be forgotten as idle (30 s).
+    assert!(leader.coord.keys.len() <= super::MAX_KEYS);
+    let r = leader.tick(&store, T0 + 25_000);
+    assert!(
+        r.dropped.contains(&(RuleId(0), granted - 1)),
+        "{:?}",
+        r.dropped
+    );
+}
+
 #[test]
 fn demand_left_out_of_a_full_record_waits_for_the_next_report() {
     let json = cfg("", r#","instances":2"#, 1000, 64);
