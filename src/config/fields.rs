@@ -130,8 +130,10 @@ pub struct RawMatch {
     pub path: Option<String>,
     #[serde(default)]
     pub ignore_case: bool,
+    // Absent: any method; an empty list is refused (it would read as none).
     #[serde(default)]
-    pub methods: Vec<String>,
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
+    pub methods: Option<Vec<String>>,
     #[serde(default)]
     pub headers: Vec<Strict<RawHeaderMatch>>,
 }
@@ -360,8 +362,15 @@ pub fn validate_match(at: &str, raw: RawMatch) -> Result<Match, ConfigError> {
             }
         }
     }
-    let mut methods = Vec::with_capacity(raw.methods.len());
-    for (j, m) in raw.methods.iter().enumerate() {
+    if raw.methods.as_ref().is_some_and(Vec::is_empty) {
+        return Err(err(
+            format!("{at}.match.methods"),
+            "list at least one method, or leave `methods` out to match any",
+        ));
+    }
+    let raw_methods = raw.methods.unwrap_or_default();
+    let mut methods = Vec::with_capacity(raw_methods.len());
+    for (j, m) in raw_methods.iter().enumerate() {
         if m.is_empty() || !m.bytes().all(|b| b.is_ascii_alphabetic()) {
             return Err(err(
                 format!("{at}.match.methods[{j}]"),

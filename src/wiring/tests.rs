@@ -156,6 +156,11 @@ fn bad_configurations_name_the_field_and_the_problem() {
             "not an HTTP method",
         ),
         (
+            format!(r#"{{"rate_limits":[{{"name":"a",{b},"match":{{"methods":[]}}}}]}}"#),
+            "rate_limits[0].match.methods",
+            "at least one method",
+        ),
+        (
             r#"{"rate_limits":[{"name":"a"}]}"#.into(),
             "rate_limits[0].bucket",
             "missing field `bucket`",
