@@ -34,7 +34,7 @@ impl Coordinator {
         };
         let (keys, tag) = pool_slots(rule, fp);
         match settle(store, (&keys, tag), now_ms) {
-            Settled::Dropped(left) if left > 0 => report.dropped.push((g, u64::from(left))),
+            Settled::Dropped(left) => report.dropped.push((g, u64::from(left))),
             Settled::Live { until_ms } if self.ending.len() < MAX_KEYS => {
                 self.ending.push(Reverse((until_ms, g, fp)));
             }
@@ -42,26 +42,18 @@ impl Coordinator {
         }
     }
 
-    /// The pools of forgotten keys whose window has ended: what they hold
-    /// is counted as dropped. Not a key that came back: its next grant
-    /// counts what its pool left unspent.
+    /// The forgotten keys whose window has ended are settled as
+    /// [`Coordinator::forget`] settles them (one whose pool its key refilled
+    /// before it went quiet again waits for the new window's end). Not a key
+    /// that came back: its next grant counts what its pool left unspent.
     pub(super) fn settle_ended(&mut self, store: &dyn Store, now_ms: u64, report: &mut Report) {
         while let Some(&Reverse((until_ms, g, fp))) = self.ending.peek() {
             if until_ms > now_ms {
                 break;
             }
             self.ending.pop();
-            if self.keys.contains_key(&(g, fp)) {
-                continue;
-            }
-            let Some(rule) = self.rule(g) else {
-                continue;
-            };
-            let (keys, tag) = pool_slots(rule, fp);
-            if let Settled::Dropped(left) = settle(store, (&keys, tag), now_ms) {
-                if left > 0 {
-                    report.dropped.push((g, u64::from(left)));
-                }
+            if !self.keys.contains_key(&(g, fp)) {
+                self.forget(store, now_ms, (g, fp), report);
             }
         }
     }
@@ -280,7 +272,7 @@ fn expired(state: u128, now_ms: u64) -> u32 {
 
 /// What [`settle`] found of a key's pool.
 enum Settled {
-    /// None of the key's, or the store failed.
+    /// None of the key's with tokens in it, or the store failed.
     Nothing,
     /// Its window ends at `until_ms`: its tokens may still be spent.
     Live { until_ms: u64 },
@@ -301,19 +293,14 @@ fn settle(store: &dyn Store, (keys, tag): (&[String], u32), now_ms: u64) -> Sett
             .iter()
             .enumerate()
             .find_map(|(i, s)| s.ours(tag).map(|p| (i, p)))
+            .filter(|(_, p)| p.tokens > 0)
         else {
             return Settled::Nothing;
         };
         if now_ms < pool.until_ms {
-            return match pool.tokens {
-                0 => Settled::Nothing,
-                _ => Settled::Live {
-                    until_ms: pool.until_ms,
-                },
+            return Settled::Live {
+                until_ms: pool.until_ms,
             };
-        }
-        if pool.tokens == 0 {
-            return Settled::Dropped(0);
         }
         let (Some(key), Some(site)) = (keys.get(i), sites.get(i)) else {
             return Settled::Nothing;

@@ -242,6 +242,16 @@ fn two_keys_sharing_a_first_slot_each_keep_a_pool() {
     );
 }
 
+/// Demand for 10,000 keys never seen before (round `round`'s), once each.
+fn note_distinct_keys(vm: &mut Vm, round: u64, starved: bool) {
+    for i in 0..10_000u64 {
+        let fp = round * 10_000 + i + 1_000_000;
+        vm.coord.note(RuleId(0), fp, starved, 1, || {
+            vec![format!("x{fp}").into_bytes()]
+        });
+    }
+}
+
 #[test]
 fn a_full_key_table_makes_room_for_new_keys() {
     let json = cfg("", r#","instances":2"#, 1_000_000, 64);
@@ -252,12 +262,7 @@ fn a_full_key_table_makes_room_for_new_keys() {
     leader.tick(&store, now);
     // An attacker: 50,000 distinct keys, each once.
     for round in 0..5u64 {
-        for i in 0..10_000u64 {
-            let fp = round * 10_000 + i + 1_000_000;
-            worker.coord.note(RuleId(0), fp, true, 1, || {
-                vec![format!("x{fp}").into_bytes()]
-            });
-        }
+        note_distinct_keys(&mut worker, round, true);
         worker.tick(&store, now + 1);
         now += 100;
         let r = leader.tick(&store, now);
@@ -327,14 +332,9 @@ fn an_evicted_keys_unspent_tokens_are_counted_at_its_windows_end() {
         Some(response(1, 1_000_000, 999_000, 20)),
     );
     assert_eq!(worker.request(&store, now + 2, "a"), LimitVerdict::Allow);
-    // Then 50,000 other keys, each once: the table evicts the oldest.
+    // Then 60,000 other keys, each once: the table evicts the oldest.
     for round in 0..6u64 {
-        for i in 0..10_000u64 {
-            let fp = round * 10_000 + i + 1_000_000;
-            worker.coord.note(RuleId(0), fp, false, 1, || {
-                vec![format!("x{fp}").into_bytes()]
-            });
-        }
+        note_distinct_keys(&mut worker, round, false);
         worker.tick(&store, now + 1);
         now += 100;
         assert!(leader.tick(&store, now).dropped.is_empty());
